@@ -1,0 +1,178 @@
+"""Paged KV-cache bookkeeping: which physical blocks each sequence uses, with prefix caching.
+
+* Blocks are reference-counted; a block shared by several sequences is freed when the last
+  one lets go.
+* A full block is identified by a chained hash (hash of the previous block's hash and this
+  block's token ids). A new sequence whose prompt starts with the same blocks reuses them;
+  every hit is verified against the stored token ids, so a hash collision never reuses wrong KV.
+* Freed blocks that carry a hash stay findable until their memory is needed: they are evicted
+  least-recently-used first, after all never-cached free blocks are used up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from workers.engine.sequence import Sequence
+
+
+def chain_hash(prev: int | None, token_ids) -> int:
+    """Stable across processes (unlike `hash()`), so replicas and routers agree on it."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update((prev if prev is not None else 0).to_bytes(8, "little", signed=False))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block; raise the KV memory budget")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_uncached: deque[int] = deque(range(num_blocks))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self.hash_to_block: dict[int, int] = {}
+        self.hits = 0  # prompt blocks served from the cache (for metrics)
+        self.queries = 0  # prompt blocks looked up
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_uncached) + len(self.free_cached)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- admission ----------------------------------------------------------------------------
+    def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(block_id, hash) of the leading full blocks of `seq` already in the cache."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[tuple[int, int]] = []
+        prev = None
+        bs = self.block_size
+        # Leave at least one token to compute: its logits start generation.
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(prev, tokens)
+            bid = self.hash_to_block.get(h)
+            if bid is None or self.blocks[bid].token_ids != tokens:
+                break
+            hits.append((bid, h))
+            prev = h
+        return hits
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> int | None:
+        """Give a waiting `seq` its cached prefix and room for its first `num_new_tokens`
+        uncached tokens. Returns how many tokens the cache covered, or None (nothing changed)
+        when there is not enough free memory."""
+        assert not seq.block_table
+        hits = self._prefix_hits(seq)
+        cached = len(hits) * self.block_size
+        revived = sum(1 for bid, _ in hits if self.blocks[bid].ref_count == 0)
+        total = self.blocks_needed(cached + min(num_new_tokens, seq.num_tokens - cached))
+        if total - len(hits) + revived > self.num_free_blocks:
+            return None
+        for bid, h in hits:
+            self._take(bid)
+            seq.block_table.append(bid)
+            seq.block_hashes.append(h)
+        self.queries += seq.num_tokens // self.block_size
+        self.hits += len(hits)
+        seq.num_computed_tokens = cached
+        self.ensure_slots(seq, min(num_new_tokens, seq.num_tokens - cached))
+        return cached
+
+    def _take(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            self.free_cached.pop(bid, None)
+        block.ref_count += 1
+
+    def _new_block(self) -> int:
+        if self.free_uncached:
+            bid = self.free_uncached.popleft()
+        else:
+            bid, _ = self.free_cached.popitem(last=False)  # evict the least recently used
+            block = self.blocks[bid]
+            if self.hash_to_block.get(block.hash) == bid:
+                del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+        self.blocks[bid].ref_count = 1
+        return bid
+
+    # -- growth -------------------------------------------------------------------------------
+    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return need <= self.num_free_blocks
+
+    def ensure_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make the block table cover `num_new_tokens` more tokens. False (and no change) if
+        the cache is full."""
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._new_block())
+        return True
+
+    def mark_computed(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Record that `num_new_tokens` more tokens have their K/V in the cache; blocks that
+        became full get their hash and join the prefix cache."""
+        seq.num_computed_tokens += num_new_tokens
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            prev = seq.block_hashes[-1] if seq.block_hashes else None
+            h = chain_hash(prev, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block.setdefault(h, block.block_id)
+
+    # -- release ------------------------------------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        # Release the tail first so that, under LRU, a prompt's later blocks go before its prefix.
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None and self.hash_to_block.get(block.hash) == bid:
+                    self.free_cached[bid] = None
+                else:
+                    block.hash, block.token_ids = None, ()
+                    self.free_uncached.append(bid)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        for bid in list(self.free_cached):
+            block = self.blocks[bid]
+            self.hash_to_block.pop(block.hash, None)
+            block.hash, block.token_ids = None, ()
+            self.free_uncached.append(bid)
+        self.free_cached.clear()

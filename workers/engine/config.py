@@ -1,0 +1,184 @@
+"""Model and engine configuration.
+
+`ModelConfig` normalises a Hugging Face `config.json` (both the transformers 4.x `rope_scaling`
+and the 5.x `rope_parameters` spellings) into the handful of numbers the engine needs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from workers.engine.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(set(DTYPES))}") from None
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    kind: str = "default"  # "default" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    torch_dtype: str = "float32"
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    bos_token_id: int | None = None
+
+    @property
+    def max_context(self) -> int:
+        """Longest context served exactly: within a sliding window, full attention is exact."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path}: invalid JSON ({exc})") from exc
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = archs[0] if archs else ""
+        if arch not in SUPPORTED_ARCHITECTURES:
+            from workers.engine.errors import UnsupportedArchitectureError
+
+            raise UnsupportedArchitectureError(
+                f"{source}: architecture {arch or '(none)'!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        try:
+            hidden = int(raw["hidden_size"])
+            heads = int(raw["num_attention_heads"])
+            head_dim = raw.get("head_dim") or hidden // heads
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+            model_type = raw.get("model_type", "")
+            use_sw = raw.get("use_sliding_window", model_type == "mistral")
+            return cls(
+                architecture=arch,
+                model_type=model_type,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(head_dim),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rope=_rope_from(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch == "Qwen3ForCausalLM",
+                sliding_window=raw.get("sliding_window") if use_sw else None,
+                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                eos_token_ids=eos_ids,
+                bos_token_id=raw.get("bos_token_id"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{source}: missing or invalid field {exc}") from exc
+
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        if self.attention_bias:
+            per_layer += q + 2 * kv
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+
+def _rope_from(raw: dict) -> RopeConfig:
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ("default", "llama3"):
+        raise ModelLoadError(f"rope type {kind!r} is not supported; supported: default, llama3")
+    return RopeConfig(
+        theta=theta,
+        kind=kind,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a model: sizes of the batch and of the KV cache."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    # KV memory budget: a fraction of device memory on CUDA, bytes on CPU.
+    gpu_memory_utilization: float = 0.85
+    kv_cache_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None  # overrides the budget (tests force preemption with it)
+    seed: int = 0

@@ -1,0 +1,57 @@
+"""Compute kernels: a torch reference for each op, and a triton kernel used on CUDA.
+
+Callers use the dispatching functions below; they pick triton for CUDA tensors and the torch
+reference everywhere else. `SWITCHYARD_KERNELS=torch` forces the reference on CUDA too.
+"""
+
+import os
+
+import torch
+
+from workers.engine.kernels._triton import HAS_TRITON
+from workers.engine.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
+from workers.engine.kernels.kv_write import write_kv_ref, write_kv_triton
+from workers.engine.kernels.paged_attention import (
+    paged_decode_ref,
+    paged_decode_triton,
+    paged_prefill_ref,
+    paged_prefill_triton,
+)
+from workers.engine.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
+from workers.engine.kernels.rotary import apply_rotary_ref, apply_rotary_triton
+
+_FORCE_TORCH = os.environ.get("SWITCHYARD_KERNELS", "") == "torch"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda and HAS_TRITON and not _FORCE_TORCH
+
+
+def rms_norm(x, weight, eps):
+    return rms_norm_triton(x, weight, eps) if use_triton(x) else rms_norm_ref(x, weight, eps)
+
+
+def silu_and_mul(x):
+    return silu_and_mul_triton(x) if use_triton(x) else silu_and_mul_ref(x)
+
+
+def apply_rotary(x, positions, cos_sin):
+    return apply_rotary_triton(x, positions, cos_sin) if use_triton(x) else apply_rotary_ref(x, positions, cos_sin)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    fn = write_kv_triton if use_triton(k) else write_kv_ref
+    fn(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+    fn = paged_decode_triton if use_triton(q) else paged_decode_ref
+    return fn(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale):
+    fn = paged_prefill_triton if use_triton(q) else paged_prefill_ref
+    return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale)
+
+
+__all__ = ["apply_rotary", "paged_decode", "paged_prefill", "rms_norm", "silu_and_mul", "use_triton", "write_kv"]

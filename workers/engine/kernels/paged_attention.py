@@ -1,0 +1,186 @@
+"""Attention over the paged KV cache.
+
+Two entry points, each defined by a torch reference and mirrored by a triton kernel:
+
+* `paged_decode_*`: one query token per sequence (the decode step), attending to the
+  sequence's whole context through its block table.
+* `paged_prefill_*`: a chunk of query tokens per sequence (a prompt, or a chunk of one after a
+  cached prefix), attending causally to the cached prefix plus the chunk itself.
+
+Shapes: q [tokens, heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim];
+block_tables [seqs, max_blocks] (int32, padded with any valid block id); context_lens [seqs]
+(tokens in the cache, the new ones included); for prefill `cu_q_lens` [seqs + 1] gives each
+sequence's query range in q.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from workers.engine.kernels._triton import jit, next_pow2, tl
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """[n_blocks] block ids → the contiguous [n_blocks * block_size, kv_heads, head_dim] rows."""
+    return cache.index_select(0, blocks).flatten(0, 1)
+
+
+def paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    seqs, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    max_len = int(context_lens.max())
+    n_blocks = -(-max_len // k_cache.shape[1])
+    tables = block_tables[:, :n_blocks].long()
+    # [seqs, T, kv_heads, dim] → [seqs, kv_heads, T, dim]
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2)
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    qg = q.view(seqs, kv_heads, group, dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [seqs, kv_heads, group, T]
+    pos = torch.arange(k.shape[2], device=q.device)
+    scores.masked_fill_((pos[None, :] >= context_lens[:, None]).view(seqs, 1, 1, -1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(seqs, heads, dim)
+
+
+def paged_prefill_ref(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    heads = q.shape[1]
+    kv_heads = k_cache.shape[2]
+    starts = cu_q_lens.tolist()
+    ctxs = context_lens.tolist()
+    for i, ctx in enumerate(ctxs):
+        qs = q[starts[i] : starts[i + 1]]
+        n_q = qs.shape[0]
+        blocks = block_tables[i, : -(-ctx // block_size)].long()
+        k = _gather(k_cache, blocks)[:ctx]
+        v = _gather(v_cache, blocks)[:ctx]
+        if kv_heads != heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+        qt, kt, vt = qs.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        if n_q == ctx:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+        else:
+            qpos = torch.arange(ctx - n_q, ctx, device=q.device)
+            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
+    return out
+
+
+@jit
+def _decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, scale,
+    max_blocks, n_heads, n_kv_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // (n_heads // n_kv_heads)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    t = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + (seq * n_heads + head) * HEAD_DIM + d, mask=dmask, other=0.0).to(tl.float32)
+    ctx = tl.load(ctx_ptr + seq)
+    m_i = -1e30
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    row_stride = n_kv_heads * HEAD_DIM
+    for j in range(0, tl.cdiv(ctx, BLOCK_SIZE)):
+        block = tl.load(bt_ptr + seq * max_blocks + j).to(tl.int64)
+        pos = j * BLOCK_SIZE + t
+        valid = pos < ctx
+        offs = (block * BLOCK_SIZE + t)[:, None] * row_stride + kv_head * HEAD_DIM + d[None, :]
+        m2 = valid[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        s = tl.sum(k * q[None, :], axis=1) * scale
+        s = tl.where(valid, s, -1e30)
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        p = tl.where(valid, p, 0.0)
+        v = tl.load(vc_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    out = acc / l_i
+    tl.store(out_ptr + (seq * n_heads + head) * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    seqs, heads, dim = q.shape
+    out = torch.empty_like(q)
+    _decode_kernel[(seqs, heads)](
+        q.contiguous(), k_cache, v_cache, block_tables.contiguous(), context_lens.contiguous(), out, scale,
+        block_tables.shape[1], heads, k_cache.shape[2],
+        HEAD_DIM=dim, BLOCK_D=next_pow2(dim), BLOCK_SIZE=k_cache.shape[1],
+    )
+    return out
+
+
+@jit
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cuq_ptr, ctx_ptr, out_ptr, scale,
+    max_blocks, n_heads, n_kv_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    mblk = tl.program_id(2)
+    q_start = tl.load(cuq_ptr + seq)
+    q_len = tl.load(cuq_ptr + seq + 1) - q_start
+    if mblk * BLOCK_M < q_len:
+        kv_head = head // (n_heads // n_kv_heads)
+        ctx = tl.load(ctx_ptr + seq)
+        m_idx = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_valid = m_idx < q_len
+        q_pos = ctx - q_len + m_idx
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < HEAD_DIM
+        q_offs = ((q_start + m_idx) * n_heads + head)[:, None] * HEAD_DIM + d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=m_valid[:, None] & dmask[None, :], other=0.0)
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1e30
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        t = tl.arange(0, BLOCK_SIZE)
+        row_stride = n_kv_heads * HEAD_DIM
+        # The last query of this tile sees keys up to its own position.
+        last = tl.minimum(ctx - q_len + (mblk + 1) * BLOCK_M, ctx)
+        for j in range(0, tl.cdiv(last, BLOCK_SIZE)):
+            block = tl.load(bt_ptr + seq * max_blocks + j).to(tl.int64)
+            k_pos = j * BLOCK_SIZE + t
+            k_offs = (block * BLOCK_SIZE + t)[:, None] * row_stride + kv_head * HEAD_DIM + d[None, :]
+            kmask = (k_pos < ctx)[:, None] & dmask[None, :]
+            k = tl.load(kc_ptr + k_offs, mask=kmask, other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < ctx)
+            s = tl.where(allowed, s, -1e30)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            p = tl.where(allowed, p, 0.0)
+            v = tl.load(vc_ptr + k_offs, mask=kmask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & dmask[None, :])
+
+
+def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float,
+                         block_m: int = 16) -> torch.Tensor:
+    block_size = k_cache.shape[1]
+    if block_size < 16:
+        raise ValueError(f"the triton prefill kernel needs block_size >= 16 (got {block_size})")
+    seqs = context_lens.shape[0]
+    heads, dim = q.shape[1], q.shape[2]
+    out = torch.empty_like(q)
+    max_q = int((cu_q_lens[1:] - cu_q_lens[:-1]).max())
+    grid = (seqs, heads, -(-max_q // block_m))
+    _prefill_kernel[grid](
+        q.contiguous(), k_cache, v_cache, block_tables.contiguous(), cu_q_lens.contiguous(),
+        context_lens.contiguous(), out, scale, block_tables.shape[1], heads, k_cache.shape[2],
+        HEAD_DIM=dim, BLOCK_D=max(16, next_pow2(dim)), BLOCK_M=block_m, BLOCK_SIZE=block_size,
+    )
+    return out

@@ -1,0 +1,202 @@
+"""The engine loop: requests in, one batched model step at a time, token deltas out.
+
+`LLMEngine` is what the replica process drives (`add_request` / `step` / `abort_request`);
+`LLM` (llm.py) wraps it for offline use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.config import EngineConfig, parse_dtype
+from workers.engine.errors import RequestError
+from workers.engine.loader import eos_token_ids, load_model
+from workers.engine.model_runner import ModelRunner, num_kv_blocks
+from workers.engine.outputs import RequestDelta
+from workers.engine.sampler import Sampler
+from workers.engine.sampling_params import SamplingParams
+from workers.engine.scheduler import Scheduler
+from workers.engine.sequence import Sequence
+from workers.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dtype(requested: str, device: torch.device, config_dtype: str) -> torch.dtype:
+    if requested != "auto":
+        return parse_dtype(requested)
+    if device.type == "cpu":
+        return torch.float32  # bf16/fp16 matmuls are slow on most CPUs
+    try:
+        return parse_dtype(config_dtype)
+    except ValueError:
+        return torch.bfloat16
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
+        from workers.engine.config import ModelConfig
+
+        model_cfg = ModelConfig.from_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.device, model_cfg.torch_dtype)
+        t0 = time.perf_counter()
+        self.tokenizer = Tokenizer(config.model) if (Path(config.model) / "tokenizer.json").is_file() else None
+        self.model, self.model_config = load_model(config.model, self.device, self.dtype)
+        self.load_seconds = time.perf_counter() - t0
+        self.eos_token_ids = eos_token_ids(config.model, self.model_config)
+        if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids = (self.tokenizer.eos_token_id,)
+        blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_context,
+                                 self.model_config.max_context)
+        if blocks * config.block_size < self.max_model_len:
+            # Serve what fits rather than admit a request that could never complete.
+            log.warning("KV cache holds %d tokens, less than the model context %d", blocks * config.block_size,
+                        self.max_model_len)
+            self.max_model_len = blocks * config.block_size
+        if self.max_model_len < 2:
+            raise RequestError("the KV cache budget is too small to hold a single request; raise it")
+        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
+        self.sampler = Sampler(config.seed)
+        self.requests: dict[str, Sequence] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.num_generated_tokens = 0
+        self.num_steps = 0
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt is {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
+                "and at least one must be left to generate"
+            )
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids)
+        self.requests[request_id] = seq
+        if self.tokenizer is not None:
+            self._detok[request_id] = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, sampling_params.skip_special_tokens
+            )
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        seq = self.requests.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        if seq is None or seq.is_finished:
+            return False
+        seq.finish_reason = "abort"
+        self.scheduler.finish(seq)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return []
+        logits, sampling = self.runner.execute(batch)
+        for item in batch.all:
+            self.block_manager.mark_computed(item.seq, item.num_tokens)
+        result = self.sampler(logits, [item.seq for item in sampling])
+        self.num_steps += 1
+        deltas = []
+        now = time.monotonic()
+        for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            deltas.append(self._append_token(item.seq, token, logprobs, now))
+        self.num_generated_tokens += len(sampling)
+        return deltas
+
+    def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> RequestDelta:
+        p = seq.params
+        seq.token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if seq.logprobs is not None:
+            seq.logprobs.append(logprobs)
+        detok = self._detok.get(seq.request_id)
+        is_stop_token = token in p.stop_token_ids
+        is_eos = token in seq.eos_token_ids
+        if detok is not None and not (is_eos or is_stop_token):
+            seq.text += detok.add(token)
+        if is_stop_token:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif is_eos:
+            seq.finish_reason = "stop"
+        elif p.stop and self._check_stop_strings(seq):
+            seq.finish_reason = "stop"
+        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
+            seq.num_tokens >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+        finished = seq.finish_reason is not None
+        # Hold back text that could still turn out to be the start of a stop string.
+        hold = 0 if finished or not p.stop else max(len(s) for s in p.stop) - 1
+        visible = max(len(seq.text) - hold, seq.emitted_text_len)
+        new_text = seq.text[seq.emitted_text_len : visible]
+        seq.emitted_text_len = visible
+        delta = RequestDelta(
+            request_id=seq.request_id,
+            new_token_ids=[token],
+            new_text=new_text,
+            new_logprobs=[logprobs] if seq.logprobs is not None else None,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            stop_reason=seq.stop_reason,
+        )
+        if finished:
+            self.scheduler.finish(seq)
+            self.requests.pop(seq.request_id, None)
+            self._detok.pop(seq.request_id, None)
+        return delta
+
+    def _check_stop_strings(self, seq: Sequence) -> bool:
+        """Truncate the text at the first stop string; search only where a new one can start."""
+        longest = max(len(s) for s in seq.params.stop)
+        start = max(seq.emitted_text_len - longest, 0)
+        best = -1
+        for s in seq.params.stop:
+            i = seq.text.find(s, start)
+            if i != -1 and (best == -1 or i < best):
+                best, seq.stop_reason = i, s
+        if best == -1:
+            return False
+        seq.text = seq.text[:best]
+        return True
+
+    # -- introspection for metrics ------------------------------------------------------------
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "prefix_cache_queries": bm.queries,
+            "prefix_cache_hits": bm.hits,
+            "preemptions": self.scheduler.num_preemptions,
+            "generated_tokens": self.num_generated_tokens,
+        }

@@ -1,0 +1,168 @@
+"""The Llama decoder family: Llama 2/3 (incl. llama3 rope scaling), and the base that Mistral,
+Qwen2 and Qwen3 specialise (`attention_bias`, `qk_norm` in `ModelConfig` switch their parts).
+
+Projections are fused for speed: q/k/v → `qkv_proj` and gate/up → `gate_up_proj`;
+`load_weights` maps the Hugging Face tensor names onto the fused slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from workers.engine import kernels
+from workers.engine.config import ModelConfig
+from workers.engine.errors import ModelLoadError
+from workers.engine.layers.attention import AttentionMetadata, PagedAttention
+from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.rotary import cos_sin_table
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+    def forward(self, x, positions, cos_sin, meta: AttentionMetadata):
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = kernels.apply_rotary(q, positions, cos_sin)
+        k = kernels.apply_rotary(k, positions, cos_sin)
+        out = self.attn(q, k, v, meta)
+        return self.o_proj(out.view(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, cos_sin, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cos_sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, cos_sin, meta):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, cos_sin, meta)
+        return self.norm(x)
+
+
+# HF name fragment → (fused parameter fragment, slice index within it)
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("cos_sin", cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope),
+                             persistent=False)
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Hidden states of every token; logits (fp32) only at `logits_indices`."""
+        hidden = self.model(input_ids, positions, self.cos_sin, meta)
+        return self.lm_head(hidden.index_select(0, logits_indices)).float()
+
+    def kv_cache_modules(self) -> list[PagedAttention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def _fused_slice(self, fused: str, index: int) -> tuple[int, int]:
+        cfg = self.config
+        if fused == ".qkv_proj.":
+            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][index]
+        i = cfg.intermediate_size
+        return [(0, i), (i, 2 * i)][index]
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in tensors:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if self.config.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            target, rows = name, None
+            for frag, (fused, index) in _FUSED.items():
+                if frag in name:
+                    target = name.replace(frag, fused)
+                    rows = self._fused_slice(fused, index)
+                    break
+            param = params.get(target)
+            if param is None:
+                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+            dest = param.data if rows is None else param.data[rows[0] : rows[1]]
+            if dest.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            loaded.add(name if rows is None else f"{target}#{rows[0]}")
+        expected = self._expected_names()
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
+
+    def _expected_names(self) -> set[str]:
+        names = set()
+        for name, _ in self.named_parameters():
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            for fused in (".qkv_proj.", ".gate_up_proj."):
+                if fused in name:
+                    n = 3 if fused == ".qkv_proj." else 2
+                    names.update(f"{name}#{self._fused_slice(fused, i)[0]}" for i in range(n))
+                    break
+            else:
+                names.add(name)
+        return names

@@ -1,0 +1,121 @@
+"""Continuous batching: every step picks which sequences run and how many tokens each computes.
+
+Policy, per step, under a token budget (`max_num_batched_tokens`):
+1. Running sequences first, oldest first: a decoding sequence computes one token; one still
+   prefilling (a long prompt, or a preempted sequence recomputing) computes the next chunk.
+   When the KV cache cannot grow, the youngest running sequence is preempted: its blocks are
+   freed and it goes back to the front of the queue to be recomputed later.
+2. Then waiting sequences join, oldest first, while the budget, the sequence limit and free
+   blocks allow; each reuses its cached prefix and prefills in chunks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed for it this step, from seq.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """This chunk reaches the sequence's last token, so its logits give the next one."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    prefills: list[ScheduledSeq]  # chunks of more than one token
+    decodes: list[ScheduledSeq]  # one token each
+    preempted: list[Sequence]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def all(self) -> list[ScheduledSeq]:
+        return self.prefills + self.decodes
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and release its blocks."""
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.block_manager.free(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        bm = self.block_manager
+
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted earlier in this loop
+                continue
+            if budget <= 0:
+                break
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not bm.ensure_slots(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append(ScheduledSeq(seq, n))
+                budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            cached = bm.allocate(seq, budget)
+            if cached is None:
+                break
+            self.waiting.popleft()
+            if seq.num_preemptions == 0 and seq.num_output_tokens == 0:
+                seq.num_cached_tokens = cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+
+        prefills = [s for s in scheduled if s.num_tokens > 1]
+        decodes = [s for s in scheduled if s.num_tokens == 1]
+        return SchedulerOutput(prefills, decodes, preempted)
