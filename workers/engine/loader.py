@@ -44,9 +44,9 @@ def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
-        except (OSError, RuntimeError, ValueError) as exc:
-            if isinstance(exc, ModelLoadError):
-                raise
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
             raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
 
 
