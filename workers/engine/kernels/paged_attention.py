@@ -58,14 +58,15 @@ def paged_prefill_ref(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens
         if kv_heads != heads:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
-        qt, kt, vt = qs.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        # 4-D [1, heads, tokens, dim]: on CPU, 3-D inputs miss SDPA's fused kernel (~6x slower).
+        qt, kt, vt = (x.transpose(0, 1)[None] for x in (qs, k, v))
         if n_q == ctx:
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
         else:
             qpos = torch.arange(ctx - n_q, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
-        out[starts[i] : starts[i + 1]] = o.transpose(0, 1)
+        out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
     return out
 
 

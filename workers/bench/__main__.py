@@ -1,0 +1,26 @@
+"""`python -m workers.bench <name> [--json] [options]`"""
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="name", required=True)
+    eng = sub.add_parser("engine", help="engine throughput, latency and prefix-cache TTFT vs transformers")
+    eng.add_argument("--model", help="HF model directory (default: random SmolLM-135M-shaped checkpoint)")
+    eng.add_argument("--device", default="cpu")
+    eng.add_argument("--dtype", default="float32")
+    eng.add_argument("--quick", action="store_true", help="fewer tokens (for smoke runs)")
+    eng.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    eng.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = parser.parse_args(argv)
+    if args.name == "engine":
+        from workers.bench.engine import run
+
+        return run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
