@@ -1,0 +1,5 @@
+from controlplane.catalog.models import Model
+
+
+def model_list():
+    return Model.objects.all()

@@ -1,0 +1,32 @@
+"""Domain errors and the single place they become HTTP responses."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions, status
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class DomainError(Exception):
+    """A request that makes sense but cannot be carried out; `field` names the culprit."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class Conflict(DomainError):
+    status_code = status.HTTP_409_CONFLICT
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DomainError):
+        detail = {exc.field: [exc.message]} if exc.field else {"detail": exc.message}
+        response = drf_exception_handler(exceptions.ValidationError(detail), context)
+        response.status_code = exc.status_code
+        return response
+    if isinstance(exc, DjangoValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+        return drf_exception_handler(exceptions.ValidationError(detail), context)
+    return drf_exception_handler(exc, context)

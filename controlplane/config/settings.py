@@ -1,0 +1,150 @@
+"""Django settings. Every value comes from the environment through one django-environ `env`;
+production differs from development by environment variables only (see README)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+env = environ.Env()
+
+STATE_DIR = Path(env("SWITCHYARD_STATE_DIR", default=str(BASE_DIR / ".switchyard")))
+STATE_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _dev_secret_key() -> str:
+    """Generated once and kept, so sessions survive restarts on a dev machine."""
+    path = STATE_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env("SECRET_KEY", default=None) or _dev_secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'db.sqlite3'}")}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Several processes (web, beat, workers, agent) share the file: wait for locks, don't fail.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "controlplane.common",
+    "controlplane.events",
+    "controlplane.catalog",
+    "controlplane.inventory",
+    "controlplane.deployments",
+    "controlplane.gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+ROOT_URLCONF = "controlplane.config.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ASGI_APPLICATION = "controlplane.config.asgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "/static/"
+STATIC_ROOT = STATE_DIR / "static"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env("CHANNELS_PREFIX", default="asgi")},
+    }
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.common.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.common.permissions.StaffWritesOrReadOnly"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.common.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard management API",
+    "DESCRIPTION": "Models, deployments, replicas, GPU inventory, cache policies and API keys.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: a control queue for the reconciler, one queue per node for its agent.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {"task": "deployments.reconcile", "schedule": env.float("RECONCILE_INTERVAL", default=10.0)},
+    "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
+}
+
+# Node agents and replicas.
+SWITCHYARD = {
+    "NODE_HEARTBEAT_SECONDS": env.float("NODE_HEARTBEAT_SECONDS", default=2.0),
+    "NODE_STALE_SECONDS": env.float("NODE_STALE_SECONDS", default=15.0),
+    "CPU_MEMORY_BYTES": env.int("CPU_MEMORY_BYTES", default=8 << 30),
+    "CPU_REPLICAS_PER_DEVICE": env.int("CPU_REPLICAS_PER_DEVICE", default=4),
+    "REPLICA_COMMAND": env("REPLICA_COMMAND", default="{python} -m workers.replica --replica-id {replica_id}"),
+    "REPLICA_MAX_RESTARTS": env.int("REPLICA_MAX_RESTARTS", default=5),
+    "REPLICA_BACKOFF_SECONDS": env.float("REPLICA_BACKOFF_SECONDS", default=1.0),
+    "REPLICA_STOP_TIMEOUT": env.float("REPLICA_STOP_TIMEOUT", default=10.0),
+    "LOG_DIR": str(STATE_DIR / "logs"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

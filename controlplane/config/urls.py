@@ -1,0 +1,22 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane.common.views import healthz
+
+api_v1 = [
+    path("", include("controlplane.catalog.api.urls")),
+    path("", include("controlplane.inventory.api.urls")),
+    path("", include("controlplane.deployments.api.urls")),
+    path("", include("controlplane.gateway.api.urls")),
+    path("", include("controlplane.events.api.urls")),
+]
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api-auth/", include("rest_framework.urls")),
+]

@@ -1,0 +1,307 @@
+"""Deployment lifecycle: create/validate, actions, the reconciler, and replica transitions.
+
+The reconciler compares each deployment's desired replicas with the live ones, places new
+replicas on nodes with free devices and asks node agents (a Celery task on `node.<name>`)
+to start or stop processes. Agents report back through `transition_replica`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from controlplane.common.errors import DomainError
+from controlplane.deployments.models import CachePolicy, Deployment, Replica
+from controlplane.events.broadcast import publish
+from controlplane.events.services import record_event
+from controlplane.inventory.models import Device, Node
+from controlplane.inventory.selectors import max_devices_per_node
+
+log = logging.getLogger(__name__)
+State = Replica.State
+
+# Allowed replica state changes; anything else is refused (and logged), never applied.
+TRANSITIONS: dict[str, set[str]] = {
+    State.PENDING: {State.STARTING, State.STOPPED, State.FAILED, State.DRAINING},
+    State.STARTING: {State.READY, State.STARTING, State.DRAINING, State.STOPPED, State.FAILED},
+    State.READY: {State.STARTING, State.DRAINING, State.STOPPED, State.FAILED},
+    State.DRAINING: {State.STOPPED, State.FAILED},
+    State.STOPPED: set(),
+    State.FAILED: set(),
+}
+FAILED_REPLICAS_BEFORE_GIVING_UP = 3
+
+
+def _send_to_node(task: str, replica: Replica) -> None:
+    from controlplane.config.celery_app import app
+
+    queue = replica.node.queue
+    rid = replica.pk
+    transaction.on_commit(lambda: app.send_task(task, args=[rid], queue=queue))
+
+
+def schedule_reconcile() -> None:
+    from controlplane.deployments.tasks import reconcile
+
+    transaction.on_commit(lambda: reconcile.delay())
+
+
+def _publish_deployment(dep: Deployment) -> None:
+    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation})
+
+
+def _publish_replica(r: Replica) -> None:
+    publish("replica", {"id": r.pk, "deployment": r.deployment.slug, "role": r.role, "state": r.state,
+                        "node": r.node.name if r.node else None, "restart_count": r.restart_count})
+
+
+# -- validation ---------------------------------------------------------------------------------
+def validate_deployment(data: dict) -> None:
+    mode = data.get("mode", Deployment.Mode.COLOCATED)
+    if mode == Deployment.Mode.DISAGGREGATED:
+        if data.get("prefill_replicas", 0) < 1:
+            raise DomainError("a disaggregated deployment needs at least one prefill replica", "prefill_replicas")
+        if data.get("decode_replicas", 0) < 1:
+            raise DomainError("a disaggregated deployment needs at least one decode replica", "decode_replicas")
+    devices = data.get("tensor_parallel", 1) * data.get("pipeline_parallel", 1)
+    if devices > 1:
+        largest = max_devices_per_node()
+        if devices > largest:
+            raise DomainError(
+                f"tensor_parallel x pipeline_parallel = {devices} devices per replica, but the largest online "
+                f"node has {largest}", "tensor_parallel",
+            )
+    method = data.get("speculative_method", Deployment.Speculative.NONE)
+    if method == Deployment.Speculative.EAGLE3 and not data.get("draft_model"):
+        raise DomainError("speculative_method 'eagle3' needs a draft_model", "draft_model")
+    model = data.get("model")
+    max_len = data.get("max_model_len")
+    if model is not None and max_len and model.context_length and max_len > model.context_length:
+        raise DomainError(f"max_model_len {max_len} exceeds the model's context length {model.context_length}",
+                          "max_model_len")
+    if model is not None and model.status == model.Status.ERROR:
+        raise DomainError(f"model {model.name!r} failed validation: {model.status_message}", "model")
+
+
+@transaction.atomic
+def create_deployment(data: dict, actor=None) -> Deployment:
+    if Deployment.objects.filter(slug=data.get("slug")).exists():
+        raise DomainError(f"a deployment named {data['slug']!r} already exists", "slug")
+    validate_deployment(data)
+    dep = Deployment.objects.create(**data)
+    record_event("deployment.created", dep, actor=actor, data={"mode": dep.mode})
+    _publish_deployment(dep)
+    schedule_reconcile()
+    return dep
+
+
+@transaction.atomic
+def update_deployment(dep: Deployment, data: dict, actor=None) -> Deployment:
+    merged = {f.name: getattr(dep, f.name) for f in Deployment._meta.concrete_fields}
+    merged.update(data)
+    validate_deployment(merged)
+    for key, value in data.items():
+        setattr(dep, key, value)
+    dep.save()
+    record_event("deployment.updated", dep, actor=actor, data={k: str(v) for k, v in data.items()})
+    _publish_deployment(dep)
+    schedule_reconcile()
+    return dep
+
+
+# -- actions ------------------------------------------------------------------------------------
+def _locked(dep: Deployment) -> Deployment:
+    return Deployment.objects.select_for_update().get(pk=dep.pk)
+
+
+@transaction.atomic
+def start(dep: Deployment, actor=None) -> Deployment:
+    dep = _locked(dep)
+    if dep.desired_state != Deployment.DesiredState.RUNNING:
+        dep.desired_state = Deployment.DesiredState.RUNNING
+        dep.generation += 1  # a fresh start forgets earlier failures
+        dep.save(update_fields=["desired_state", "generation", "updated_at"])
+    record_event("deployment.start", dep, actor=actor)
+    _publish_deployment(dep)
+    schedule_reconcile()
+    return dep
+
+
+@transaction.atomic
+def stop(dep: Deployment, actor=None) -> Deployment:
+    dep = _locked(dep)
+    dep.desired_state = Deployment.DesiredState.STOPPED
+    dep.save(update_fields=["desired_state", "updated_at"])
+    record_event("deployment.stop", dep, actor=actor)
+    _publish_deployment(dep)
+    schedule_reconcile()
+    return dep
+
+
+@transaction.atomic
+def scale(dep: Deployment, counts: dict[str, int], actor=None) -> Deployment:
+    return update_deployment(dep, counts, actor=actor)
+
+
+@transaction.atomic
+def restart(dep: Deployment, actor=None) -> Deployment:
+    """Replace every replica with a new one (a new generation)."""
+    dep = _locked(dep)
+    dep.generation += 1
+    dep.save(update_fields=["generation", "updated_at"])
+    record_event("deployment.restart", dep, actor=actor, data={"generation": dep.generation})
+    _publish_deployment(dep)
+    schedule_reconcile()
+    return dep
+
+
+@transaction.atomic
+def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Replica]:
+    """Drain one replica (the reconciler then replaces it) or, without an id, every replica and
+    stop the deployment. Draining replicas finish in-flight requests and accept none."""
+    live = dep.replica_set.select_for_update().filter(state__in=Replica.ACTIVE_STATES)
+    if replica_id is not None:
+        live = live.filter(pk=replica_id)
+        if not live.exists():
+            raise DomainError(f"deployment {dep.slug!r} has no live replica {replica_id}", "replica")
+    else:
+        dep.desired_state = Deployment.DesiredState.STOPPED
+        dep.save(update_fields=["desired_state", "updated_at"])
+    drained = [r for r in live.select_related("node", "deployment")]
+    for r in drained:
+        _stop_replica(r, reason="drain requested")
+    record_event("deployment.drain", dep, actor=actor, data={"replicas": [r.pk for r in drained]})
+    schedule_reconcile()
+    return drained
+
+
+# -- replicas -------------------------------------------------------------------------------------
+def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent", **fields) -> Replica | None:
+    """Move a replica to `state` if the state machine allows it; returns it, or None if refused."""
+    with transaction.atomic():
+        r = Replica.objects.select_for_update().select_related("deployment", "node").filter(pk=replica_id).first()
+        if r is None:
+            return None
+        if state != r.state and state not in TRANSITIONS[r.state]:
+            log.info("replica %s: refused %s -> %s", replica_id, r.state, state)
+            return None
+        now = timezone.now()
+        previous = r.state
+        r.state = state
+        for key, value in fields.items():
+            setattr(r, key, value)
+        if state == State.STARTING and previous != State.STARTING:
+            r.started_at = now
+        if state == State.READY:
+            r.ready_at = now
+        if state in (State.STOPPED, State.FAILED):
+            r.stopped_at = now
+            r.pid = None
+        r.save()
+        if previous != state:
+            record_event(f"replica.{state}", r, actor_label=actor_label,
+                         data={"from": previous, **({"error": r.last_error} if state == State.FAILED else {})})
+            _publish_replica(r)
+    if state == State.FAILED:
+        schedule_reconcile()
+    return r
+
+
+def _stop_replica(r: Replica, reason: str) -> None:
+    if r.node is None or r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE:
+        r.state, r.stopped_at, r.last_error = State.STOPPED, timezone.now(), reason
+        r.save(update_fields=["state", "stopped_at", "last_error"])
+    else:
+        r.state = State.DRAINING
+        r.save(update_fields=["state"])
+        _send_to_node("agent.stop_replica", r)
+    record_event(f"replica.{r.state}", r, actor_label="reconciler", data={"reason": reason})
+    _publish_replica(r)
+
+
+def fail_replicas_on_node(node: Node, reason: str) -> int:
+    replicas = list(Replica.objects.select_related("deployment", "node").filter(node=node,
+                                                                                state__in=Replica.LIVE_STATES))
+    for r in replicas:
+        transition_replica(r.pk, State.FAILED, actor_label="health-check", last_error=reason)
+    return len(replicas)
+
+
+def _free_devices(node: Node, kind: str | None = None) -> list[Device]:
+    """Devices of `node` with room for one more replica (CPU devices host several)."""
+    per_cpu = settings.SWITCHYARD["CPU_REPLICAS_PER_DEVICE"]
+    devices = node.devices.filter(health=Device.Health.HEALTHY).annotate(
+        used=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES))
+    )
+    free = [d for d in devices if d.used < (per_cpu if d.kind == Device.Kind.CPU else 1)]
+    return [d for d in free if kind is None or d.kind == kind]
+
+
+def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
+    need = dep.devices_per_replica
+    nodes = Node.objects.filter(status=Node.Status.ONLINE).annotate(
+        load=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES))
+    ).order_by("load", "name")
+    for node in nodes:
+        for kind in (Device.Kind.CUDA, Device.Kind.CPU):
+            free = _free_devices(node, kind)
+            if kind == Device.Kind.CPU and free:
+                return node, free[:1]  # CPU replicas share the node's CPU device
+            if len(free) >= need:
+                return node, free[:need]
+    return None
+
+
+def reconcile_deployment(dep: Deployment) -> dict:
+    """One deployment's pass; returns what it did (for logs and tests)."""
+    done = {"started": [], "stopped": [], "unplaced": 0}
+    with transaction.atomic():
+        dep = Deployment.objects.select_for_update().get(pk=dep.pk)
+        live = list(dep.replica_set.select_related("node", "deployment").filter(state__in=Replica.ACTIVE_STATES))
+        desired = dep.desired_counts()
+        for r in live:
+            if r.role not in desired or r.generation != dep.generation:
+                _stop_replica(r, reason="not desired" if r.generation == dep.generation else "restart")
+                done["stopped"].append(r.pk)
+        current = [r for r in live if r.role in desired and r.generation == dep.generation]
+        failed_recently = dep.replica_set.filter(generation=dep.generation, state=State.FAILED).count()
+        for role, want in desired.items():
+            have = sorted((r for r in current if r.role == role), key=lambda r: r.pk)
+            for r in have[want:]:
+                _stop_replica(r, reason="scaled down")
+                done["stopped"].append(r.pk)
+            missing = want - len(have)
+            if missing > 0 and failed_recently >= FAILED_REPLICAS_BEFORE_GIVING_UP:
+                if not dep.replica_set.filter(generation=dep.generation, state=State.PENDING).exists():
+                    log.warning("%s: %d replicas failed; not starting more until restart", dep.slug, failed_recently)
+                continue
+            for _ in range(max(missing, 0)):
+                placement = _place(dep)
+                if placement is None:
+                    done["unplaced"] += 1
+                    continue
+                node, devices = placement
+                r = Replica.objects.create(deployment=dep, role=role, node=node, generation=dep.generation)
+                r.devices.set(devices)
+                record_event("replica.pending", r, actor_label="reconciler", data={"node": node.name})
+                _publish_replica(r)
+                _send_to_node("agent.start_replica", r)
+                done["started"].append(r.pk)
+    return done
+
+
+def reconcile_all() -> dict[str, dict]:
+    return {dep.slug: reconcile_deployment(dep) for dep in Deployment.objects.all()}
+
+
+# -- cache policies -----------------------------------------------------------------------------
+def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) -> CachePolicy:
+    if policy.disk_tier_bytes and not policy.disk_tier_path:
+        raise DomainError("disk_tier_bytes needs a disk_tier_path", "disk_tier_path")
+    policy.save()
+    record_event("cache_policy.created" if created else "cache_policy.updated", policy, actor=actor)
+    return policy

@@ -1,0 +1,28 @@
+from django.conf import settings
+from django.db import models
+
+from controlplane.deployments.models import Deployment
+
+
+class ApiKey(models.Model):
+    """An application's key for the OpenAI-compatible API. Only a hash of the secret is kept;
+    the secret itself is shown once, when the key is created."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, help_text="visible start of the key, to recognise it")
+    hashed_secret = models.CharField(max_length=64, unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    allowed_deployments = models.ManyToManyField(Deployment, blank=True, related_name="api_keys",
+                                                 help_text="empty: every deployment")
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute; empty: none")
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute; empty: none")
+    revoked = models.BooleanField(default=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

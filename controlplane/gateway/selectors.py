@@ -1,0 +1,7 @@
+from controlplane.gateway.models import ApiKey
+
+
+def api_keys_visible_to(user):
+    """Staff see every key; others only their own."""
+    qs = ApiKey.objects.select_related("owner").prefetch_related("allowed_deployments")
+    return qs if user.is_staff else qs.filter(owner=user)
