@@ -58,7 +58,9 @@ def validate_model(model_id: int) -> Model | None:
 
 def delete_model(model: Model, actor=None) -> None:
     if model.deployments.exists():
-        raise DomainError(f"model {model.name!r} is used by deployments: "
-                          f"{', '.join(model.deployments.values_list('slug', flat=True))}")
+        raise DomainError(
+            f"model {model.name!r} is used by deployments: "
+            f"{', '.join(model.deployments.values_list('slug', flat=True))}"
+        )
     record_event("model.deleted", model, actor=actor)
     model.delete()

@@ -8,5 +8,4 @@ from django.conf import settings
 
 @lru_cache(maxsize=1)
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=5,
-                                socket_connect_timeout=2)
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)

@@ -53,12 +53,14 @@ class Deployment(models.Model):
     dtype = models.CharField(max_length=16, default="auto")
     max_model_len = models.PositiveIntegerField(null=True, blank=True)
     max_num_seqs = models.PositiveIntegerField(default=64, validators=[MinValueValidator(1)])
-    cache_policy = models.ForeignKey(CachePolicy, null=True, blank=True, on_delete=models.SET_NULL,
-                                     related_name="deployments")
+    cache_policy = models.ForeignKey(
+        CachePolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="deployments"
+    )
     speculative_method = models.CharField(max_length=8, choices=Speculative.choices, default=Speculative.NONE)
     draft_model = models.ForeignKey(Model, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    speculative_k = models.PositiveSmallIntegerField(default=4, validators=[MinValueValidator(1),
-                                                                            MaxValueValidator(16)])
+    speculative_k = models.PositiveSmallIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
     desired_state = models.CharField(max_length=8, choices=DesiredState.choices, default=DesiredState.RUNNING)
     generation = models.PositiveIntegerField(default=1, help_text="bumped by restart: older replicas are replaced")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -55,8 +55,17 @@ def _publish_deployment(dep: Deployment) -> None:
 
 
 def _publish_replica(r: Replica) -> None:
-    publish("replica", {"id": r.pk, "deployment": r.deployment.slug, "role": r.role, "state": r.state,
-                        "node": r.node.name if r.node else None, "restart_count": r.restart_count})
+    publish(
+        "replica",
+        {
+            "id": r.pk,
+            "deployment": r.deployment.slug,
+            "role": r.role,
+            "state": r.state,
+            "node": r.node.name if r.node else None,
+            "restart_count": r.restart_count,
+        },
+    )
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -73,7 +82,8 @@ def validate_deployment(data: dict) -> None:
         if devices > largest:
             raise DomainError(
                 f"tensor_parallel x pipeline_parallel = {devices} devices per replica, but the largest online "
-                f"node has {largest}", "tensor_parallel",
+                f"node has {largest}",
+                "tensor_parallel",
             )
     method = data.get("speculative_method", Deployment.Speculative.NONE)
     if method == Deployment.Speculative.EAGLE3 and not data.get("draft_model"):
@@ -81,8 +91,9 @@ def validate_deployment(data: dict) -> None:
     model = data.get("model")
     max_len = data.get("max_model_len")
     if model is not None and max_len and model.context_length and max_len > model.context_length:
-        raise DomainError(f"max_model_len {max_len} exceeds the model's context length {model.context_length}",
-                          "max_model_len")
+        raise DomainError(
+            f"max_model_len {max_len} exceeds the model's context length {model.context_length}", "max_model_len"
+        )
     if model is not None and model.status == model.Status.ERROR:
         raise DomainError(f"model {model.name!r} failed validation: {model.status_message}", "model")
 
@@ -203,8 +214,12 @@ def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent
             r.pid = None
         r.save()
         if previous != state:
-            record_event(f"replica.{state}", r, actor_label=actor_label,
-                         data={"from": previous, **({"error": r.last_error} if state == State.FAILED else {})})
+            record_event(
+                f"replica.{state}",
+                r,
+                actor_label=actor_label,
+                data={"from": previous, **({"error": r.last_error} if state == State.FAILED else {})},
+            )
             _publish_replica(r)
     if state == State.FAILED:
         schedule_reconcile()
@@ -212,7 +227,7 @@ def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent
 
 
 def _stop_replica(r: Replica, reason: str) -> None:
-    if r.node is None or r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE:
+    if r.node is None or (r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE):
         r.state, r.stopped_at, r.last_error = State.STOPPED, timezone.now(), reason
         r.save(update_fields=["state", "stopped_at", "last_error"])
     else:
@@ -224,8 +239,9 @@ def _stop_replica(r: Replica, reason: str) -> None:
 
 
 def fail_replicas_on_node(node: Node, reason: str) -> int:
-    replicas = list(Replica.objects.select_related("deployment", "node").filter(node=node,
-                                                                                state__in=Replica.LIVE_STATES))
+    replicas = list(
+        Replica.objects.select_related("deployment", "node").filter(node=node, state__in=Replica.LIVE_STATES)
+    )
     for r in replicas:
         transition_replica(r.pk, State.FAILED, actor_label="health-check", last_error=reason)
     return len(replicas)
@@ -243,9 +259,11 @@ def _free_devices(node: Node, kind: str | None = None) -> list[Device]:
 
 def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
     need = dep.devices_per_replica
-    nodes = Node.objects.filter(status=Node.Status.ONLINE).annotate(
-        load=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES))
-    ).order_by("load", "name")
+    nodes = (
+        Node.objects.filter(status=Node.Status.ONLINE)
+        .annotate(load=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES)))
+        .order_by("load", "name")
+    )
     for node in nodes:
         for kind in (Device.Kind.CUDA, Device.Kind.CPU):
             free = _free_devices(node, kind)

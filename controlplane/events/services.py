@@ -4,8 +4,16 @@ from controlplane.events.broadcast import publish
 from controlplane.events.models import Event
 
 
-def record_event(verb: str, obj: models.Model | None = None, *, actor=None, actor_label: str = "",
-                 data: dict | None = None, object_type: str = "", object_id: str = "") -> Event:
+def record_event(
+    verb: str,
+    obj: models.Model | None = None,
+    *,
+    actor=None,
+    actor_label: str = "",
+    data: dict | None = None,
+    object_type: str = "",
+    object_id: str = "",
+) -> Event:
     """Write an audit-log entry and broadcast it."""
     if obj is not None:
         object_type = object_type or obj._meta.model_name

@@ -12,8 +12,9 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True, help_text="visible start of the key, to recognise it")
     hashed_secret = models.CharField(max_length=64, unique=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
-    allowed_deployments = models.ManyToManyField(Deployment, blank=True, related_name="api_keys",
-                                                 help_text="empty: every deployment")
+    allowed_deployments = models.ManyToManyField(
+        Deployment, blank=True, related_name="api_keys", help_text="empty: every deployment"
+    )
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute; empty: none")
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute; empty: none")
     revoked = models.BooleanField(default=False)

@@ -15,12 +15,19 @@ def hash_secret(secret: str) -> str:
 
 
 @transaction.atomic
-def create_api_key(*, name: str, owner, allowed_deployments=(), rpm_limit=None, tpm_limit=None,
-                   actor=None) -> tuple[ApiKey, str]:
+def create_api_key(
+    *, name: str, owner, allowed_deployments=(), rpm_limit=None, tpm_limit=None, actor=None
+) -> tuple[ApiKey, str]:
     """Returns the key and its secret; the secret is not stored and cannot be shown again."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(name=name, owner=owner, prefix=secret[:12], hashed_secret=hash_secret(secret),
-                                rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    key = ApiKey.objects.create(
+        name=name,
+        owner=owner,
+        prefix=secret[:12],
+        hashed_secret=hash_secret(secret),
+        rpm_limit=rpm_limit,
+        tpm_limit=tpm_limit,
+    )
     key.allowed_deployments.set(allowed_deployments)
     record_event("api_key.created", key, actor=actor or owner)
     return key, secret

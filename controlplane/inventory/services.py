@@ -19,21 +19,34 @@ def register_node(*, name: str, hostname: str = "", labels: dict | None = None, 
     now = timezone.now()
     node, created = Node.objects.update_or_create(
         name=name,
-        defaults={"queue": node_queue(name), "hostname": hostname, "labels": labels or {},
-                  "status": Node.Status.ONLINE, "last_heartbeat": now},
+        defaults={
+            "queue": node_queue(name),
+            "hostname": hostname,
+            "labels": labels or {},
+            "status": Node.Status.ONLINE,
+            "last_heartbeat": now,
+        },
     )
     seen = []
     for d in devices:
         Device.objects.update_or_create(
-            node=node, index=d["index"],
-            defaults={"kind": d["kind"], "name": d["name"], "memory_total": d.get("memory_total", 0),
-                      "memory_used": d.get("memory_used", 0), "utilization": d.get("utilization", 0.0),
-                      "health": d.get("health", Device.Health.HEALTHY), "last_seen": now},
+            node=node,
+            index=d["index"],
+            defaults={
+                "kind": d["kind"],
+                "name": d["name"],
+                "memory_total": d.get("memory_total", 0),
+                "memory_used": d.get("memory_used", 0),
+                "utilization": d.get("utilization", 0.0),
+                "health": d.get("health", Device.Health.HEALTHY),
+                "last_seen": now,
+            },
         )
         seen.append(d["index"])
     node.devices.exclude(index__in=seen).delete()
-    record_event("node.registered" if created else "node.online", node, actor_label=f"agent:{name}",
-                 data={"devices": len(seen)})
+    record_event(
+        "node.registered" if created else "node.online", node, actor_label=f"agent:{name}", data={"devices": len(seen)}
+    )
     publish("node", {"name": node.name, "status": node.status})
     return node
 
@@ -47,8 +60,10 @@ def heartbeat(name: str, devices: list[dict] | None = None) -> bool:
     Node.objects.filter(name=name, status=Node.Status.OFFLINE).update(status=Node.Status.ONLINE)
     for d in devices or []:
         Device.objects.filter(node__name=name, index=d["index"]).update(
-            memory_used=d.get("memory_used", 0), utilization=d.get("utilization", 0.0),
-            health=d.get("health", Device.Health.HEALTHY), last_seen=now,
+            memory_used=d.get("memory_used", 0),
+            utilization=d.get("utilization", 0.0),
+            health=d.get("health", Device.Health.HEALTHY),
+            last_seen=now,
         )
     return True
 
@@ -59,14 +74,17 @@ def mark_stale_nodes_offline() -> list[Node]:
     from controlplane.deployments.services import fail_replicas_on_node
 
     cutoff = timezone.now() - timedelta(seconds=settings.SWITCHYARD["NODE_STALE_SECONDS"])
-    stale = list(Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING],
-                                     last_heartbeat__lt=cutoff))
+    stale = list(Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff))
     for node in stale:
         with transaction.atomic():
             node.status = Node.Status.OFFLINE
             node.save(update_fields=["status"])
-            record_event("node.offline", node, actor_label="health-check",
-                         data={"last_heartbeat": node.last_heartbeat.isoformat()})
+            record_event(
+                "node.offline",
+                node,
+                actor_label="health-check",
+                data={"last_heartbeat": node.last_heartbeat.isoformat()},
+            )
             publish("node", {"name": node.name, "status": node.status})
             fail_replicas_on_node(node, reason=f"node {node.name} stopped heartbeating")
     return stale

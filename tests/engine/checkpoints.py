@@ -33,25 +33,40 @@ def build_tokenizer(directory: Path, vocab_size: int = 320) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>",
-        "chat_template": CHAT_TEMPLATE,
-    }))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
 
 
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "llama3_rope": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64}}),
+    "llama3_rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -59,15 +74,29 @@ ARCHS = {
 }
 
 
-def build_checkpoint(directory: Path, arch: str = "llama", vocab_size: int = 320, seed: int = 0,
-                     max_shard_size: str | None = None, **overrides) -> Path:
+def build_checkpoint(
+    directory: Path,
+    arch: str = "llama",
+    vocab_size: int = 320,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    **overrides,
+) -> Path:
     import transformers
 
     config_cls, model_cls, extra = ARCHS[arch]
     kwargs = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=1024,
-        initializer_range=0.2, eos_token_id=0, bos_token_id=None, pad_token_id=0,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=0,
     )
     kwargs.update(extra)
     kwargs.update(overrides)

@@ -12,8 +12,15 @@ def test_outputs_same_alone_and_in_a_batch_with_chunking_and_preemption(llama_di
 
     # 16-token step budget forces chunked prefill; 40 blocks of 4 cannot hold all six requests
     # at full length (6 x ~22 blocks), so running requests are preempted and recomputed.
-    tight = LLM(str(llama_dir), device="cpu", dtype="float32", block_size=4, num_kv_blocks=40,
-                max_num_batched_tokens=16, max_num_seqs=6)
+    tight = LLM(
+        str(llama_dir),
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=40,
+        max_num_batched_tokens=16,
+        max_num_seqs=6,
+    )
     together = tight.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert tight.engine.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in together] == alone

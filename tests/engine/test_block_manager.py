@@ -22,7 +22,7 @@ def test_shared_prefix_blocks_are_reused_and_ref_counted():
     a = seq(list(range(10)), "a")
     assert bm.allocate(a, 100) == 0
     finish_prefill(bm, a)
-    b = seq(list(range(8)) + [77, 78, 79], "b")
+    b = seq([*list(range(8)), 77, 78, 79], "b")
     assert bm.allocate(b, 100) == 8  # two full blocks shared
     assert b.block_table[:2] == a.block_table[:2]
     assert bm.blocks[a.block_table[0]].ref_count == 2

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
+from workers.engine.config import RopeConfig
 from workers.engine.kernels import activation, kv_write, paged_attention, rmsnorm, rotary
 from workers.engine.layers.rotary import cos_sin_table
-from workers.engine.config import RopeConfig
 
 DEVICE = os.environ.get("SWITCHYARD_TEST_DEVICE", "cpu")
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -68,8 +68,11 @@ def paged(dtype):
 def test_paged_decode_gqa(dtype, paged):
     kc, vc, tables, ctx = paged
     q = rand(3, 4, 32, dtype=dtype)
-    close(paged_attention.paged_decode_triton(q, kc, vc, tables, ctx, 0.17),
-          paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.17), dtype)
+    close(
+        paged_attention.paged_decode_triton(q, kc, vc, tables, ctx, 0.17),
+        paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.17),
+        dtype,
+    )
 
 
 def test_paged_prefill_over_a_cached_prefix(dtype, paged):
@@ -77,8 +80,11 @@ def test_paged_prefill_over_a_cached_prefix(dtype, paged):
     # seq 0: 20 new tokens after 20 cached; seq 1: whole prompt (17); seq 2: 3 new after 61 cached.
     cu = torch.tensor([0, 20, 37, 40], dtype=torch.int32, device=DEVICE)
     q = rand(40, 4, 32, dtype=dtype)
-    close(paged_attention.paged_prefill_triton(q, kc, vc, tables, cu, ctx, 0.17),
-          paged_attention.paged_prefill_ref(q, kc, vc, tables, cu, ctx, 0.17), dtype)
+    close(
+        paged_attention.paged_prefill_triton(q, kc, vc, tables, cu, ctx, 0.17),
+        paged_attention.paged_prefill_ref(q, kc, vc, tables, cu, ctx, 0.17),
+        dtype,
+    )
 
 
 def test_prefill_reference_equals_dense_causal_attention():

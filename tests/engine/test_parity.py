@@ -12,9 +12,16 @@ MAX_TOKENS = 10
 
 def reference(model_dir, prompt):
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-    tokens = out.sequences[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=MAX_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    tokens = out.sequences[0, len(prompt) :].tolist()
     logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, tokens, strict=True)]
     return tokens, logprobs
 
@@ -40,8 +47,10 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoint_factory, arch)
 
 def test_logprobs_hold_top_n_and_the_sampled_token(llama_dir):
     llm = LLM(str(llama_dir), device="cpu", dtype="float32")
-    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=1.0, seed=3, max_tokens=6,
-                                                                        logprobs=3, ignore_eos=True))[0]
+    out = llm.generate(
+        {"prompt_token_ids": [1, 2, 3]},
+        SamplingParams(temperature=1.0, seed=3, max_tokens=6, logprobs=3, ignore_eos=True),
+    )[0]
     comp = out.outputs[0]
     assert len(comp.logprobs) == len(comp.token_ids) == 6
     for token, entry in zip(comp.token_ids, comp.logprobs, strict=True):

@@ -21,13 +21,16 @@ def test_greedy_is_argmax():
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch():
     logits = torch.randn(1, 50)
     draws_a = [Sampler(seed=1)(logits, seqs(1, temperature=1.0, seed=7)).token_ids[0] for _ in range(1)]
-    batch = Sampler(seed=99)(torch.cat([torch.randn(1, 50), logits]), [seqs(1, temperature=1.0)[0],
-                                                                        seqs(1, temperature=1.0, seed=7)[0]])
+    batch = Sampler(seed=99)(
+        torch.cat([torch.randn(1, 50), logits]), [seqs(1, temperature=1.0)[0], seqs(1, temperature=1.0, seed=7)[0]]
+    )
     assert batch.token_ids[1] == draws_a[0]
     s = seqs(1, temperature=1.0, seed=5)[0]
     t = seqs(1, temperature=1.0, seed=5)[0]
     sampler = Sampler()
-    assert [sampler(logits, [s]).token_ids[0] for _ in range(10)] == [sampler(logits, [t]).token_ids[0] for _ in range(10)]
+    assert [sampler(logits, [s]).token_ids[0] for _ in range(10)] == [
+        sampler(logits, [t]).token_ids[0] for _ in range(10)
+    ]
 
 
 def test_sampling_follows_the_distribution():
@@ -59,15 +62,20 @@ def test_min_p_drops_tokens_below_fraction_of_the_best():
 
 def test_penalties():
     logits = torch.tensor([2.0, -2.0, 1.0, 1.0])
-    apply_penalties(logits, [0, 1, 2, 2], num_prompt=2, p=SamplingParams(repetition_penalty=2.0,
-                                                                         frequency_penalty=0.5,
-                                                                         presence_penalty=0.25))
+    apply_penalties(
+        logits,
+        [0, 1, 2, 2],
+        num_prompt=2,
+        p=SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+    )
     # token 0 (prompt): 2/2; token 1 (prompt): -2*2; token 2 (output twice): 1/2 - 2*0.5 - 0.25
     assert logits.tolist() == [1.0, -4.0, 0.5 - 1.0 - 0.25, 1.0]
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"max_tokens": 0},
-                                    {"logprobs": 50}, {"presence_penalty": 3}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": -1}, {"top_p": 0}, {"top_k": -5}, {"max_tokens": 0}, {"logprobs": 50}, {"presence_penalty": 3}],
+)
 def test_invalid_params_raise_clear_errors(kwargs):
     with pytest.raises(RequestError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)

@@ -6,8 +6,16 @@ import transformers
 from workers.engine import LLM, SamplingParams
 from workers.engine.tokenizer import IncrementalDetokenizer, TemplateError, Tokenizer
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Météo à Paris? 🚀"}]
 
 
@@ -56,8 +64,12 @@ def test_stop_string_split_across_tokens_truncates_and_is_never_streamed(llama_d
     ids = probe[0].outputs[0].token_ids
     # Choose a stop string that straddles the boundary of two generated tokens.
     pieces = [llm.tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
-    cut = next(i for i in range(2, len(ids)) if len(pieces[i]) - len(pieces[i - 1]) >= 1 and len(pieces[i + 1]) > len(pieces[i]))
-    stop = pieces[cut][-1] + pieces[cut + 1][len(pieces[cut]):][:1]
+    cut = next(
+        i
+        for i in range(2, len(ids))
+        if len(pieces[i]) - len(pieces[i - 1]) >= 1 and len(pieces[i + 1]) > len(pieces[i])
+    )
+    stop = pieces[cut][-1] + pieces[cut + 1][len(pieces[cut]) :][:1]
     start = text.find(stop)
     engine = llm.engine
     engine.add_request("s", [5, 6, 7], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]))

@@ -74,8 +74,14 @@ def _hf_rate(model_dir, prompts, max_tokens, device, dtype) -> float:
 
     def gen():
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     gen_time = _timeit(gen, repeat=1)
     return len(prompts) * max_tokens / gen_time
@@ -87,8 +93,14 @@ def run(args) -> int:
     model_dir = args.model or str(random_checkpoint())
     say = (lambda *a: None) if args.json else print
     say(f"model: {model_dir} on {device} ({args.dtype})")
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=2048,
-              kv_cache_bytes=2 << 30)
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        kv_cache_bytes=2 << 30,
+    )
     cfg = llm.engine.model_config
     n_out = 16 if args.quick else 64
     gen = torch.Generator().manual_seed(0)
@@ -120,13 +132,17 @@ def run(args) -> int:
         engine.step()
         steps += 1
     results["bs1_tok_s"] = round(steps / (time.perf_counter() - t), 2)
-    say(f"batch 1: {results['bs1_tok_s']} tok/s; bandwidth bound {results['bandwidth_bound_tok_s']} tok/s "
-        f"({results['memory_read_gb_s']} GB/s over {weight_bytes / 1e6:.0f} MB of weights per step)")
+    say(
+        f"batch 1: {results['bs1_tok_s']} tok/s; bandwidth bound {results['bandwidth_bound_tok_s']} tok/s "
+        f"({results['memory_read_gb_s']} GB/s over {weight_bytes / 1e6:.0f} MB of weights per step)"
+    )
 
     conc_prompts = [prompt(16 + 3 * i) for i in range(32)]
     results["conc32_tok_s"] = round(_decode_rate(llm, conc_prompts, n_out), 1)
-    say(f"32 concurrent: {results['conc32_tok_s']} tok/s; compute roofline {results['compute_roofline_tok_s']} tok/s "
-        f"({results['gemm_gflop_s']} GFLOP/s)")
+    say(
+        f"32 concurrent: {results['conc32_tok_s']} tok/s; compute roofline {results['compute_roofline_tok_s']} tok/s "
+        f"({results['gemm_gflop_s']} GFLOP/s)"
+    )
 
     long_prompt = prompt(2048)
     engine.block_manager.reset_prefix_cache()
@@ -138,8 +154,10 @@ def run(args) -> int:
     t = time.perf_counter()
     out = llm.generate({"prompt_token_ids": cached_prompt}, p1)[0]
     results["ttft_cached_ms"] = round((time.perf_counter() - t) * 1000, 1)
-    say(f"TTFT 2048 tokens: uncached {results['ttft_uncached_ms']} ms, cached prefix ({out.num_cached_tokens} "
-        f"tokens) {results['ttft_cached_ms']} ms")
+    say(
+        f"TTFT 2048 tokens: uncached {results['ttft_uncached_ms']} ms, cached prefix ({out.num_cached_tokens} "
+        f"tokens) {results['ttft_cached_ms']} ms"
+    )
 
     if not args.no_hf:
         del llm, engine
@@ -150,7 +168,9 @@ def run(args) -> int:
     results["bs1_vs_bandwidth"] = round(results["bs1_tok_s"] / results["bandwidth_bound_tok_s"], 3)
     results["conc32_vs_roofline"] = round(results["conc32_tok_s"] / results["compute_roofline_tok_s"], 3)
     results["ttft_speedup"] = round(results["ttft_uncached_ms"] / results["ttft_cached_ms"], 1)
-    say(f"targets: bs1 >= 0.6x bandwidth bound: {results['bs1_vs_bandwidth']}; conc32 >= 0.4x roofline: "
-        f"{results['conc32_vs_roofline']}; cached TTFT <= 1/8: {results['ttft_speedup']}x faster")
+    say(
+        f"targets: bs1 >= 0.6x bandwidth bound: {results['bs1_vs_bandwidth']}; conc32 >= 0.4x roofline: "
+        f"{results['conc32_vs_roofline']}; cached TTFT <= 1/8: {results['ttft_speedup']}x faster"
+    )
     print(json.dumps(results))
     return 0

@@ -31,8 +31,9 @@ class LLM:
             return None, list(prompt)
         raise RequestError(f"unsupported prompt {prompt!r}: give a string, token ids or {{'prompt_token_ids': [...]}}")
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -47,7 +48,9 @@ class LLM:
             seq = self.engine.add_request(rid, ids, p)
             order.append(rid)
             results[rid] = RequestOutput(
-                rid, text, ids,
+                rid,
+                text,
+                ids,
                 [CompletionOutput(0, "", [], [] if p.logprobs is not None else None, None)],
                 finished=False,
             )
@@ -67,15 +70,23 @@ class LLM:
                     comp.stop_reason = delta.stop_reason
         return [results[rid] for rid in order]
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None, tools: list[dict] | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | None = None,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """One conversation (a list of messages) or several (a list of lists)."""
         if self.tokenizer is None:
             raise RequestError("this model directory has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
-            {"prompt_token_ids": self.tokenizer.apply_chat_template(conv, tools=tools,
-                                                                    add_generation_prompt=add_generation_prompt)}
+            {
+                "prompt_token_ids": self.tokenizer.apply_chat_template(
+                    conv, tools=tools, add_generation_prompt=add_generation_prompt
+                )
+            }
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params)

@@ -56,12 +56,14 @@ class LLMEngine:
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
-        self.max_model_len = min(config.max_model_len or self.model_config.max_context,
-                                 self.model_config.max_context)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_context, self.model_config.max_context)
         if blocks * config.block_size < self.max_model_len:
             # Serve what fits rather than admit a request that could never complete.
-            log.warning("KV cache holds %d tokens, less than the model context %d", blocks * config.block_size,
-                        self.max_model_len)
+            log.warning(
+                "KV cache holds %d tokens, less than the model context %d",
+                blocks * config.block_size,
+                self.max_model_len,
+            )
             self.max_model_len = blocks * config.block_size
         if self.max_model_len < 2:
             raise RequestError("the KV cache budget is too small to hold a single request; raise it")
@@ -141,9 +143,7 @@ class LLMEngine:
             seq.text += detok.add(token)
         if is_stop_token:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif is_eos:
-            seq.finish_reason = "stop"
-        elif p.stop and self._check_stop_strings(seq):
+        elif is_eos or (p.stop and self._check_stop_strings(seq)):
             seq.finish_reason = "stop"
         elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
             seq.num_tokens >= self.max_model_len

@@ -34,16 +34,29 @@ def num_kv_blocks(engine: EngineConfig, cfg: ModelConfig, device: torch.device, 
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, engine: EngineConfig,
-                 device: torch.device, dtype: torch.dtype, num_blocks: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: ModelConfig,
+        engine: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int,
+    ):
         self.model = model
         self.cfg = cfg
         self.device = device
         self.block_size = engine.block_size
         # One tensor for all layers: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim].
         self.kv_cache = torch.zeros(
-            cfg.num_layers, 2, num_blocks, engine.block_size, cfg.num_kv_heads, cfg.head_dim,
-            dtype=dtype, device=device,
+            cfg.num_layers,
+            2,
+            num_blocks,
+            engine.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=dtype,
+            device=device,
         )
         for i, attn in enumerate(model.kv_cache_modules()):
             attn.k_cache = self.kv_cache[i, 0]
@@ -89,11 +102,7 @@ class ModelRunner:
             )
             meta.prefill_block_tables = self._block_tables(batch.prefills)
         if batch.decodes:
-            meta.decode_context_lens = self._tensor(
-                [s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32
-            )
+            meta.decode_context_lens = self._tensor([s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32)
             meta.decode_block_tables = self._block_tables(batch.decodes)
-        logits = self.model(
-            self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices)
-        )
+        logits = self.model(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices))
         return logits, sampling

@@ -11,6 +11,7 @@ Policy, per step, under a token budget (`max_num_batched_tokens`):
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -66,10 +67,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
-            except ValueError:
-                pass
         self.block_manager.free(seq)
 
     def _preempt(self, seq: Sequence) -> None:

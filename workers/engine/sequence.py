@@ -17,8 +17,9 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = ()):
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, eos_token_ids: tuple[int, ...] = ()
+    ):
         self.request_id = request_id
         self.params = params
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -58,5 +59,7 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-                f"{self.status.value})")
+        return (
+            f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"{self.status.value})"
+        )

@@ -74,8 +74,9 @@ class Tokenizer:
         return self._tok.id_to_token(token_id)
 
     # -- chat templates -----------------------------------------------------------------------
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, **extra) -> str:
+    def render_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True, **extra
+    ) -> str:
         if not self.chat_template:
             raise TemplateError("this model has no chat template; use a completion prompt instead")
         if self._template is None:
@@ -93,8 +94,9 @@ class Tokenizer:
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **extra) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True, **extra
+    ) -> list[int]:
         text = self.render_chat(messages, tools, add_generation_prompt, **extra)
         # Templates write their own special tokens (BOS...), as in transformers.
         return self.encode(text, add_special_tokens=False)

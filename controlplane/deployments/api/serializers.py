@@ -7,9 +7,20 @@ from controlplane.deployments.models import CachePolicy, Deployment, Replica
 class CachePolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = CachePolicy
-        fields = ["id", "name", "prefix_caching", "block_size", "session_affinity_header",
-                  "session_affinity_ttl_seconds", "dram_tier_bytes", "disk_tier_path", "disk_tier_bytes",
-                  "min_cached_prefix_tokens", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix_caching",
+            "block_size",
+            "session_affinity_header",
+            "session_affinity_ttl_seconds",
+            "dram_tier_bytes",
+            "disk_tier_path",
+            "disk_tier_bytes",
+            "min_cached_prefix_tokens",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
 
 
@@ -20,9 +31,26 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Replica
-        fields = ["id", "deployment", "role", "generation", "node", "devices", "state", "endpoint", "pid",
-                  "last_heartbeat", "restart_count", "last_error", "log_tail", "load", "created_at", "started_at",
-                  "ready_at", "stopped_at"]
+        fields = [
+            "id",
+            "deployment",
+            "role",
+            "generation",
+            "node",
+            "devices",
+            "state",
+            "endpoint",
+            "pid",
+            "last_heartbeat",
+            "restart_count",
+            "last_error",
+            "log_tail",
+            "load",
+            "created_at",
+            "started_at",
+            "ready_at",
+            "stopped_at",
+        ]
 
     def get_devices(self, obj) -> list[str]:
         return [f"{d.kind}:{d.index}" for d in obj.devices.all()]
@@ -30,18 +58,39 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
 class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
-    cache_policy = serializers.SlugRelatedField(slug_field="name", queryset=CachePolicy.objects.all(),
-                                                required=False, allow_null=True)
-    draft_model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all(), required=False,
-                                               allow_null=True)
+    cache_policy = serializers.SlugRelatedField(
+        slug_field="name", queryset=CachePolicy.objects.all(), required=False, allow_null=True
+    )
+    draft_model = serializers.SlugRelatedField(
+        slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
+    )
     replica_states = serializers.SerializerMethodField()
 
     class Meta:
         model = Deployment
-        fields = ["id", "slug", "model", "mode", "replicas", "prefill_replicas", "decode_replicas",
-                  "tensor_parallel", "pipeline_parallel", "dtype", "max_model_len", "max_num_seqs", "cache_policy",
-                  "speculative_method", "draft_model", "speculative_k", "desired_state", "generation",
-                  "replica_states", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "model",
+            "mode",
+            "replicas",
+            "prefill_replicas",
+            "decode_replicas",
+            "tensor_parallel",
+            "pipeline_parallel",
+            "dtype",
+            "max_model_len",
+            "max_num_seqs",
+            "cache_policy",
+            "speculative_method",
+            "draft_model",
+            "speculative_k",
+            "desired_state",
+            "generation",
+            "replica_states",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "desired_state", "generation", "replica_states", "created_at", "updated_at"]
 
     def get_replica_states(self, obj) -> dict[str, int]:

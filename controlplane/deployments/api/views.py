@@ -16,7 +16,7 @@ from controlplane.events.services import record_event
 
 
 def _ops(prefix: str, extra: tuple[str, ...] = ()) -> dict:
-    names = ("list", "retrieve", "create", "update", "partial_update", "destroy") + extra
+    names = ("list", "retrieve", "create", "update", "partial_update", "destroy", *extra)
     return {n: extend_schema(operation_id=f"{prefix}_{n}") for n in names}
 
 
@@ -34,8 +34,9 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         serializer.instance = services.create_deployment(serializer.validated_data, actor=self.request.user)
 
     def perform_update(self, serializer):
-        serializer.instance = services.update_deployment(serializer.instance, serializer.validated_data,
-                                                         actor=self.request.user)
+        serializer.instance = services.update_deployment(
+            serializer.instance, serializer.validated_data, actor=self.request.user
+        )
 
     def perform_destroy(self, instance):
         services.stop(instance, actor=self.request.user)
@@ -88,8 +89,9 @@ class CachePolicyViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer):
         from controlplane.deployments.models import CachePolicy
 
-        serializer.instance = services.save_cache_policy(CachePolicy(**serializer.validated_data),
-                                                         actor=self.request.user, created=True)
+        serializer.instance = services.save_cache_policy(
+            CachePolicy(**serializer.validated_data), actor=self.request.user, created=True
+        )
 
     def perform_update(self, serializer):
         policy = serializer.instance
@@ -98,8 +100,9 @@ class CachePolicyViewSet(viewsets.ModelViewSet):
         serializer.instance = services.save_cache_policy(policy, actor=self.request.user)
 
 
-@extend_schema_view(list=extend_schema(operation_id="replicas_list"),
-                    retrieve=extend_schema(operation_id="replicas_retrieve"))
+@extend_schema_view(
+    list=extend_schema(operation_id="replicas_list"), retrieve=extend_schema(operation_id="replicas_retrieve")
+)
 class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ReplicaSerializer
     filterset_fields = ["deployment__slug", "state", "role", "node__name"]

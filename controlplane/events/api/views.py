@@ -5,8 +5,9 @@ from controlplane.events.api.serializers import EventSerializer
 from controlplane.events.selectors import event_list
 
 
-@extend_schema_view(list=extend_schema(operation_id="events_list"),
-                    retrieve=extend_schema(operation_id="events_retrieve"))
+@extend_schema_view(
+    list=extend_schema(operation_id="events_list"), retrieve=extend_schema(operation_id="events_retrieve")
+)
 class EventViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = EventSerializer
     filterset_fields = ["verb", "object_type", "object_id"]

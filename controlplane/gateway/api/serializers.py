@@ -6,13 +6,25 @@ from controlplane.gateway.models import ApiKey
 
 class ApiKeySerializer(serializers.ModelSerializer):
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    allowed_deployments = serializers.SlugRelatedField(slug_field="slug", many=True, required=False,
-                                                       queryset=Deployment.objects.all())
+    allowed_deployments = serializers.SlugRelatedField(
+        slug_field="slug", many=True, required=False, queryset=Deployment.objects.all()
+    )
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "owner", "allowed_deployments", "rpm_limit", "tpm_limit", "revoked",
-                  "revoked_at", "last_used_at", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "owner",
+            "allowed_deployments",
+            "rpm_limit",
+            "tpm_limit",
+            "revoked",
+            "revoked_at",
+            "last_used_at",
+            "created_at",
+        ]
         read_only_fields = ["id", "prefix", "owner", "revoked", "revoked_at", "last_used_at", "created_at"]
 
 
@@ -20,4 +32,4 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
     secret = serializers.CharField(read_only=True, help_text="shown once; store it now")
 
     class Meta(ApiKeySerializer.Meta):
-        fields = ApiKeySerializer.Meta.fields + ["secret"]
+        fields = [*ApiKeySerializer.Meta.fields, "secret"]

@@ -8,8 +8,18 @@ class DeviceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Device
-        fields = ["id", "node", "index", "kind", "name", "memory_total", "memory_used", "utilization", "health",
-                  "last_seen"]
+        fields = [
+            "id",
+            "node",
+            "index",
+            "kind",
+            "name",
+            "memory_total",
+            "memory_used",
+            "utilization",
+            "health",
+            "last_seen",
+        ]
 
 
 class NodeSerializer(serializers.ModelSerializer):

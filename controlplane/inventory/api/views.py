@@ -5,7 +5,9 @@ from controlplane.inventory.api.serializers import DeviceSerializer, NodeSeriali
 from controlplane.inventory.selectors import device_list, node_list
 
 
-@extend_schema_view(list=extend_schema(operation_id="nodes_list"), retrieve=extend_schema(operation_id="nodes_retrieve"))
+@extend_schema_view(
+    list=extend_schema(operation_id="nodes_list"), retrieve=extend_schema(operation_id="nodes_retrieve")
+)
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer
     filterset_fields = ["status", "name"]
@@ -15,8 +17,9 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         return node_list()
 
 
-@extend_schema_view(list=extend_schema(operation_id="devices_list"),
-                    retrieve=extend_schema(operation_id="devices_retrieve"))
+@extend_schema_view(
+    list=extend_schema(operation_id="devices_list"), retrieve=extend_schema(operation_id="devices_retrieve")
+)
 class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = DeviceSerializer
     filterset_fields = ["kind", "health", "node__name"]

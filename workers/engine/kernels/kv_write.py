@@ -3,8 +3,6 @@
 Caches are [num_blocks, block_size, kv_heads, head_dim]; slot = block * block_size + offset.
 """
 
-import torch
-
 from workers.engine.kernels._triton import jit, next_pow2, tl
 
 
@@ -30,6 +28,11 @@ def write_kv_triton(k, v, k_cache, v_cache, slot_mapping) -> None:
     width = k.shape[-2] * k.shape[-1]
     if k.shape[0]:
         _write_kv_kernel[(k.shape[0],)](
-            k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping.contiguous(), width,
+            k.contiguous(),
+            v.contiguous(),
+            k_cache,
+            v_cache,
+            slot_mapping.contiguous(),
+            width,
             BLOCK=next_pow2(width),
         )

@@ -72,9 +72,19 @@ def paged_prefill_ref(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens
 
 @jit
 def _decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, scale,
-    max_blocks, n_heads, n_kv_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    ctx_ptr,
+    out_ptr,
+    scale,
+    max_blocks,
+    n_heads,
+    n_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -113,18 +123,40 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: 
     seqs, heads, dim = q.shape
     out = torch.empty_like(q)
     _decode_kernel[(seqs, heads)](
-        q.contiguous(), k_cache, v_cache, block_tables.contiguous(), context_lens.contiguous(), out, scale,
-        block_tables.shape[1], heads, k_cache.shape[2],
-        HEAD_DIM=dim, BLOCK_D=next_pow2(dim), BLOCK_SIZE=k_cache.shape[1],
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        block_tables.contiguous(),
+        context_lens.contiguous(),
+        out,
+        scale,
+        block_tables.shape[1],
+        heads,
+        k_cache.shape[2],
+        HEAD_DIM=dim,
+        BLOCK_D=next_pow2(dim),
+        BLOCK_SIZE=k_cache.shape[1],
     )
     return out
 
 
 @jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cuq_ptr, ctx_ptr, out_ptr, scale,
-    max_blocks, n_heads, n_kv_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    cuq_ptr,
+    ctx_ptr,
+    out_ptr,
+    scale,
+    max_blocks,
+    n_heads,
+    n_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -169,8 +201,9 @@ def _prefill_kernel(
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & dmask[None, :])
 
 
-def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float,
-                         block_m: int = 16) -> torch.Tensor:
+def paged_prefill_triton(
+    q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float, block_m: int = 16
+) -> torch.Tensor:
     block_size = k_cache.shape[1]
     if block_size < 16:
         raise ValueError(f"the triton prefill kernel needs block_size >= 16 (got {block_size})")
@@ -180,8 +213,20 @@ def paged_prefill_triton(q, k_cache, v_cache, block_tables, cu_q_lens, context_l
     max_q = int((cu_q_lens[1:] - cu_q_lens[:-1]).max())
     grid = (seqs, heads, -(-max_q // block_m))
     _prefill_kernel[grid](
-        q.contiguous(), k_cache, v_cache, block_tables.contiguous(), cu_q_lens.contiguous(),
-        context_lens.contiguous(), out, scale, block_tables.shape[1], heads, k_cache.shape[2],
-        HEAD_DIM=dim, BLOCK_D=max(16, next_pow2(dim)), BLOCK_M=block_m, BLOCK_SIZE=block_size,
+        q.contiguous(),
+        k_cache,
+        v_cache,
+        block_tables.contiguous(),
+        cu_q_lens.contiguous(),
+        context_lens.contiguous(),
+        out,
+        scale,
+        block_tables.shape[1],
+        heads,
+        k_cache.shape[2],
+        HEAD_DIM=dim,
+        BLOCK_D=max(16, next_pow2(dim)),
+        BLOCK_M=block_m,
+        BLOCK_SIZE=block_size,
     )
     return out

@@ -49,8 +49,13 @@ class PagedAttention(nn.Module):
 
     def _prefill(self, q, meta):
         return kernels.paged_prefill(
-            q, self.k_cache, self.v_cache, meta.prefill_block_tables, meta.prefill_cu_q_lens,
-            meta.prefill_context_lens, self.scale,
+            q,
+            self.k_cache,
+            self.v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_cu_q_lens,
+            meta.prefill_context_lens,
+            self.scale,
         )
 
     def _decode(self, q, meta):

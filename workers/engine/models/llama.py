@@ -105,8 +105,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("cos_sin", cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope),
-                             persistent=False)
+        self.register_buffer(
+            "cos_sin", cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope), persistent=False
+        )
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Hidden states of every token; logits (fp32) only at `logits_indices`."""

@@ -1,0 +1,58 @@
+# Switchyard — the two commands are `make run` and `make test`; everything else is a helper.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+APT_PACKAGES := redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200
+# The test suite runs on PostgreSQL (make run defaults to SQLite); override as you need.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
+
+.PHONY: setup run test lint format check unit bench-engine gpu-check clean
+
+setup: $(STAMP) apt
+
+# Debian packages, only those missing (root, or passwordless sudo).
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ $$(id -u) -eq 0 ] && echo "" || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: asking for it through another package could pull a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements.txt
+	@touch $(STAMP)
+
+run: setup
+	$(PY) -m scripts.run
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+check: setup
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py check
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
+
+test: setup lint check
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench-engine: setup
+	$(PY) -m workers.bench engine
+
+gpu-check: setup
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) .switchyard
