@@ -174,7 +174,7 @@ def restart(dep: Deployment, actor=None) -> Deployment:
 def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Replica]:
     """Drain one replica (the reconciler then replaces it) or, without an id, every replica and
     stop the deployment. Draining replicas finish in-flight requests and accept none."""
-    live = dep.replica_set.select_for_update().filter(state__in=Replica.ACTIVE_STATES)
+    live = dep.replica_set.select_for_update(of=("self",)).filter(state__in=Replica.ACTIVE_STATES)
     if replica_id is not None:
         live = live.filter(pk=replica_id)
         if not live.exists():
@@ -194,7 +194,12 @@ def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Re
 def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent", **fields) -> Replica | None:
     """Move a replica to `state` if the state machine allows it; returns it, or None if refused."""
     with transaction.atomic():
-        r = Replica.objects.select_for_update().select_related("deployment", "node").filter(pk=replica_id).first()
+        r = (
+            Replica.objects.select_for_update(of=("self",))
+            .select_related("deployment", "node")
+            .filter(pk=replica_id)
+            .first()
+        )
         if r is None:
             return None
         if state != r.state and state not in TRANSITIONS[r.state]:

@@ -42,7 +42,7 @@ def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     for path in weight_files(model_dir):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                     yield name, f.get_tensor(name)
         except ModelLoadError:
             raise
