@@ -1,8 +1,64 @@
-"""Suite-wide settings. The triton interpreter must be chosen before any kernel is defined."""
+"""Suite-wide settings and fixtures. The triton interpreter must be chosen before any kernel
+is defined, hence the environment set at import."""
 
 import os
+
+import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clean_redis():
+    """The tests' Redis database (REDIS_URL, db 14 under `make test`) starts empty."""
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return django_user_model.objects.create_user("ops", password="pw-ops", is_staff=True)
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("viewer", password="pw-viewer")
+
+
+def bearer_client(u):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=u)[0].key}")
+    return client
+
+
+@pytest.fixture
+def staff_client(staff):
+    return bearer_client(staff)
+
+
+@pytest.fixture
+def user_client(user):
+    return bearer_client(user)
+
+
+@pytest.fixture
+def anon_client():
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama checkpoint with tokenizer, as a model directory to register."""
+    from tests.engine.checkpoints import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("cp-model"), "llama")

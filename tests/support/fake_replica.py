@@ -13,6 +13,8 @@ import time
 
 import redis
 
+CRASH_FLAG = "switchyard:test:replicas-crash"
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -30,6 +32,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     started = time.monotonic()
     print(f"fake replica {args.replica_id} pid {os.getpid()} starting", flush=True)
+    if client.get(CRASH_FLAG):
+        print("fake replica: cannot load model (crash flag set)", flush=True)
+        return 3
     while not stopping:
         client.hset(
             key,
