@@ -63,7 +63,7 @@ def cluster(transactional_db, tmp_path):
         "CELERY_TASK_DEFAULT_QUEUE": "control",
         "PYTHONPATH": str(ROOT),
     }
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("control", "agent")}
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("control", "agent")}  # noqa: SIM115
     procs = [
         subprocess.Popen(
             [
