@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.common.views import healthz
@@ -13,6 +14,8 @@ api_v1 = [
 ]
 
 urlpatterns = [
+    # The admin console (frontend/) will be served here; until then, the API docs.
+    path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),

@@ -1,0 +1,174 @@
+"""`make run`: the whole control plane on this machine, in the foreground.
+
+Starts (and on Ctrl-C stops) Redis if none answers, the web server (uvicorn, ASGI), Celery
+beat, the control worker and this machine's node agent; prints where to go and how to sign in,
+and writes the same to .switchyard/run.json (mode 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("SWITCHYARD_STATE_DIR", ROOT / ".switchyard"))
+PY = sys.executable
+
+
+def log(msg: str) -> None:
+    print(f"[switchyard] {msg}", flush=True)
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def ensure_redis(url: str, procs: list) -> None:
+    if redis_answers(url):
+        return
+    parsed = urlparse(url)
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"Redis at {url} does not answer; start it, or point REDIS_URL at one that does.")
+    binary = shutil.which("redis-server")
+    if not binary:
+        sys.exit("No Redis answers at {url} and redis-server is not installed. Install it "
+                 "(Debian: apt-get install redis-server; `make setup` does this as root) or set REDIS_URL.")
+    port = parsed.port or 6379
+    log(f"starting redis-server on port {port}")
+    procs.append(("redis", subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                             "--appendonly", "no"], stdout=subprocess.DEVNULL)))
+    deadline = time.monotonic() + 10
+    while not redis_answers(url):
+        if time.monotonic() > deadline:
+            sys.exit("redis-server did not start within 10 s")
+        time.sleep(0.1)
+
+
+def manage(*args: str) -> str:
+    return subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def admin_credentials() -> tuple[str, str, str]:
+    """(user, password, api key). A new password each run, so the printed one always works."""
+    password = secrets.token_urlsafe(12)
+    code = f"""
+import django; django.setup()
+from django.contrib.auth import get_user_model
+from controlplane.gateway.services import create_api_key
+from controlplane.gateway.models import ApiKey
+User = get_user_model()
+u, _ = User.objects.get_or_create(username="admin", defaults={{"is_staff": True, "is_superuser": True}})
+u.is_staff = u.is_superuser = True
+u.set_password({password!r}); u.save()
+ApiKey.objects.filter(owner=u, name="make-run").update(revoked=True)
+key, secret = create_api_key(name="make-run", owner=u)
+print(secret)
+"""
+    out = subprocess.run([PY, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
+                         env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.config.settings"})
+    return "admin", password, out.stdout.strip().splitlines()[-1]
+
+
+def wait_http(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
+    STATE.mkdir(parents=True, exist_ok=True)
+    port = int(os.environ.get("PORT", "8000"))
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    node = os.environ.get("SWITCHYARD_NODE") or socket.gethostname().split(".")[0]
+    procs: list[tuple[str, subprocess.Popen]] = []
+    logs_dir = STATE / "logs"
+    logs_dir.mkdir(exist_ok=True)
+
+    def start(name: str, args: list[str]) -> None:
+        out = (logs_dir / f"{name}.log").open("ab")
+        procs.append((name, subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)))
+        log(f"started {name} (log: {logs_dir / (name + '.log')})")
+
+    def stop_all(*_):
+        log("stopping...")
+        for _name, p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for _name, p in reversed(procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        sys.exit(0)
+
+    signal.signal(signal.SIGINT, stop_all)
+    signal.signal(signal.SIGTERM, stop_all)
+    ensure_redis(redis_url, procs)
+    log("applying migrations")
+    manage("migrate", "--noinput")
+    user, password, api_key = admin_credentials()
+    start("web", [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1", "--port",
+                  str(port), "--log-level", "warning"])
+    start("beat", [PY, "-m", "celery", "-A", "controlplane.config", "beat", "--schedule",
+                   str(STATE / "celerybeat-schedule"), "--loglevel", "WARNING"])
+    start("control", [PY, "-m", "celery", "-A", "controlplane.config", "worker", "-Q", "control", "-P", "threads",
+                      "-c", "2", "-n", "control@%h", "--without-gossip", "--without-mingle", "--loglevel", "INFO"])
+    start("agent", [PY, "-m", "workers.agent", "--node", node])
+    url = f"http://127.0.0.1:{port}/"
+    if not wait_http(f"{url}healthz", 60):
+        log("the web server did not come up; see .switchyard/logs/web.log")
+        stop_all()
+    deadline = time.monotonic() + 60
+    registered = False
+    while time.monotonic() < deadline and not registered:
+        out = manage("shell", "-c", f"from controlplane.inventory.models import Node;"
+                                    f"print(Node.objects.filter(name={node!r}, status='online').exists())")
+        registered = out.strip().endswith("True")
+        if not registered:
+            time.sleep(0.5)
+    log(f"node agent {node}: {'registered' if registered else 'NOT registered (see logs/agent.log)'}")
+    info = {"url": url, "admin_user": user, "admin_password": password, "api_key": api_key, "model": None}
+    run_file = STATE / "run.json"
+    run_file.write_text(json.dumps(info, indent=2))
+    run_file.chmod(0o600)
+    print(f"""
+Switchyard is running.
+  console / API : {url}   (API docs: {url}api/docs/)
+  admin         : {user} / {password}
+  API key       : {api_key}
+  management API: TOKEN=$(.venv/bin/python manage.py create_token {user})
+                  curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
+  written to    : {run_file}
+Press Ctrl-C to stop everything.""", flush=True)
+    while True:
+        for name, p in procs:
+            if p.poll() is not None:
+                log(f"{name} exited with code {p.returncode}; see {logs_dir / (name + '.log')}")
+                stop_all()
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
