@@ -46,12 +46,21 @@ def ensure_redis(url: str, procs: list) -> None:
         sys.exit(f"Redis at {url} does not answer; start it, or point REDIS_URL at one that does.")
     binary = shutil.which("redis-server")
     if not binary:
-        sys.exit("No Redis answers at {url} and redis-server is not installed. Install it "
-                 "(Debian: apt-get install redis-server; `make setup` does this as root) or set REDIS_URL.")
+        sys.exit(
+            "No Redis answers at {url} and redis-server is not installed. Install it "
+            "(Debian: apt-get install redis-server; `make setup` does this as root) or set REDIS_URL."
+        )
     port = parsed.port or 6379
     log(f"starting redis-server on port {port}")
-    procs.append(("redis", subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                             "--appendonly", "no"], stdout=subprocess.DEVNULL)))
+    procs.append(
+        (
+            "redis",
+            subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+            ),
+        )
+    )
     deadline = time.monotonic() + 10
     while not redis_answers(url):
         if time.monotonic() > deadline:
@@ -79,8 +88,14 @@ ApiKey.objects.filter(owner=u, name="make-run").update(revoked=True)
 key, secret = create_api_key(name="make-run", owner=u)
 print(secret)
 """
-    out = subprocess.run([PY, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
-                         env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.config.settings"})
+    out = subprocess.run(
+        [PY, "-c", code],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.config.settings"},
+    )
     return "admin", password, out.stdout.strip().splitlines()[-1]
 
 
@@ -129,12 +144,59 @@ def main() -> int:
     log("applying migrations")
     manage("migrate", "--noinput")
     user, password, api_key = admin_credentials()
-    start("web", [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1", "--port",
-                  str(port), "--log-level", "warning"])
-    start("beat", [PY, "-m", "celery", "-A", "controlplane.config", "beat", "--schedule",
-                   str(STATE / "celerybeat-schedule"), "--loglevel", "WARNING"])
-    start("control", [PY, "-m", "celery", "-A", "controlplane.config", "worker", "-Q", "control", "-P", "threads",
-                      "-c", "2", "-n", "control@%h", "--without-gossip", "--without-mingle", "--loglevel", "INFO"])
+    start(
+        "web",
+        [
+            PY,
+            "-m",
+            "uvicorn",
+            "controlplane.config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+    )
+    start(
+        "beat",
+        [
+            PY,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane.config",
+            "beat",
+            "--schedule",
+            str(STATE / "celerybeat-schedule"),
+            "--loglevel",
+            "WARNING",
+        ],
+    )
+    start(
+        "control",
+        [
+            PY,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane.config",
+            "worker",
+            "-Q",
+            "control",
+            "-P",
+            "threads",
+            "-c",
+            "2",
+            "-n",
+            "control@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+    )
     start("agent", [PY, "-m", "workers.agent", "--node", node])
     url = f"http://127.0.0.1:{port}/"
     if not wait_http(f"{url}healthz", 60):
@@ -143,8 +205,12 @@ def main() -> int:
     deadline = time.monotonic() + 60
     registered = False
     while time.monotonic() < deadline and not registered:
-        out = manage("shell", "-c", f"from controlplane.inventory.models import Node;"
-                                    f"print(Node.objects.filter(name={node!r}, status='online').exists())")
+        out = manage(
+            "shell",
+            "-c",
+            f"from controlplane.inventory.models import Node;"
+            f"print(Node.objects.filter(name={node!r}, status='online').exists())",
+        )
         registered = out.strip().endswith("True")
         if not registered:
             time.sleep(0.5)
@@ -153,7 +219,8 @@ def main() -> int:
     run_file = STATE / "run.json"
     run_file.write_text(json.dumps(info, indent=2))
     run_file.chmod(0o600)
-    print(f"""
+    print(
+        f"""
 Switchyard is running.
   console / API : {url}   (API docs: {url}api/docs/)
   admin         : {user} / {password}
@@ -161,7 +228,9 @@ Switchyard is running.
   management API: TOKEN=$(.venv/bin/python manage.py create_token {user})
                   curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
   written to    : {run_file}
-Press Ctrl-C to stop everything.""", flush=True)
+Press Ctrl-C to stop everything.""",
+        flush=True,
+    )
     while True:
         for name, p in procs:
             if p.poll() is not None:

@@ -23,10 +23,13 @@ print(json.dumps(c.get("/api/v1/cache-policies/").json()["count"]))
 
 
 def test_migrations_and_api_on_sqlite(tmp_path):
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-           "SWITCHYARD_STATE_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "controlplane.config.settings"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "SWITCHYARD_STATE_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "controlplane.config.settings",
+    }
+    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "1"
     assert (tmp_path / "db.sqlite3").stat().st_size > 0
