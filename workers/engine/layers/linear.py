@@ -15,9 +15,11 @@ class Linear(nn.Linear):
     weight_t: torch.Tensor | None = None
 
     def prepare(self) -> None:
-        """Called once after the weights are loaded."""
+        """Called once after the weights are loaded: on CPU, store the weight [in, out] and keep
+        `weight` as a view of that storage, so the matrix is held once."""
         if self.weight.device.type == "cpu":
             self.weight_t = self.weight.detach().t().contiguous()
+            self.weight.data = self.weight_t.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_t is None:
