@@ -16,7 +16,7 @@ def register_model(*, name: str, source: str, source_type: str = Model.Source.LO
     if source_type == Model.Source.LOCAL:
         try:
             info = validation.inspect_directory(source)
-        except validation.InvalidModelDirectory as exc:
+        except validation.ModelDirectoryError as exc:
             raise DomainError(str(exc), field="source") from exc
         _apply_info(model, info)
     else:
@@ -49,7 +49,7 @@ def validate_model(model_id: int) -> Model | None:
         _apply_info(model, info)
         model.checksum = validation.checksum(info.weight_files)
         model.status, model.status_message = Model.Status.READY, ""
-    except (validation.InvalidModelDirectory, OSError) as exc:
+    except (validation.ModelDirectoryError, OSError) as exc:
         model.status, model.status_message = Model.Status.ERROR, str(exc)
     model.save()
     record_event(f"model.{model.status}", model, actor_label="validator", data={"message": model.status_message})

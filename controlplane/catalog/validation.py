@@ -1,22 +1,20 @@
 """Inspect a Hugging Face model directory without importing torch (the web process stays light).
 
-Reads config.json, the safetensors headers (for the parameter count), and checks for a
-tokenizer. `SUPPORTED_ARCHITECTURES` mirrors the engine's registry; a test keeps them equal.
+The directory layout (config.json, supported architecture, weight files) is checked by
+`workers.model_files`, the same code the engine loads with; here we add the safetensors
+headers (for the parameter count), the tokenizer check and the checksum.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-class InvalidModelDirectory(ValueError):
-    pass
+from workers.model_files import ModelDirectoryError, architecture, read_config, weight_files
 
 
 @dataclass
@@ -33,58 +31,26 @@ def _safetensors_params(path: Path) -> int:
     with path.open("rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
-            raise InvalidModelDirectory(f"{path.name} is not a safetensors file (too short)")
+            raise ModelDirectoryError(f"{path.name} is not a safetensors file (too short)")
         (length,) = struct.unpack("<Q", raw)
         if length > 100 << 20:
-            raise InvalidModelDirectory(f"{path.name} has an implausible header; the file is corrupt")
+            raise ModelDirectoryError(f"{path.name} has an implausible header; the file is corrupt")
         try:
             header = json.loads(f.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidModelDirectory(f"{path.name} has an unreadable header ({exc})") from exc
-    total = 0
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        count = 1
-        for dim in meta.get("shape", []):
-            count *= dim
-        total += count
-    return total
+            raise ModelDirectoryError(f"{path.name} has an unreadable header ({exc})") from exc
+    return sum(math.prod(meta.get("shape", [])) for name, meta in header.items() if name != "__metadata__")
 
 
 def inspect_directory(directory: str | Path) -> ModelInfo:
     root = Path(directory)
     if not root.is_dir():
-        raise InvalidModelDirectory(f"{root} is not a directory on this machine")
-    config_path = root / "config.json"
-    if not config_path.is_file():
-        raise InvalidModelDirectory(f"{root} has no config.json; is it a Hugging Face model directory?")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidModelDirectory(f"config.json is not valid JSON ({exc})") from exc
-    archs = config.get("architectures") or []
-    arch = archs[0] if archs else ""
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise InvalidModelDirectory(
-            f"architecture {arch or '(none)'!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise InvalidModelDirectory(f"model.safetensors.index.json is invalid ({exc})") from exc
-        files = [root / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise InvalidModelDirectory(f"weight shards missing: {', '.join(missing)}")
-    elif (root / "model.safetensors").is_file():
-        files = [root / "model.safetensors"]
-    else:
-        raise InvalidModelDirectory(f"{root} has no model.safetensors (or sharded index); only safetensors is served")
+        raise ModelDirectoryError(f"{root} is not a directory on this machine")
+    config = read_config(root)
+    arch = architecture(config)
+    files = weight_files(root)
     if not (root / "tokenizer.json").is_file():
-        raise InvalidModelDirectory(f"{root} has no tokenizer.json")
+        raise ModelDirectoryError(f"{root} has no tokenizer.json")
     return ModelInfo(
         architecture=arch,
         parameter_count=sum(_safetensors_params(f) for f in files),

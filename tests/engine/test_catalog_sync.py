@@ -1,8 +1,8 @@
-def test_catalog_architectures_match_the_engine():
-    """The web process validates architectures without importing the engine (torch); keep the
-    two lists equal."""
-    from controlplane.catalog.validation import SUPPORTED_ARCHITECTURES
+def test_served_architectures_match_the_engine_models():
+    """The catalog and the engine check architectures against `workers.model_files` (no
+    torch); every name there must have a model class."""
     from workers.engine.models import REGISTRY
+    from workers.model_files import SUPPORTED_ARCHITECTURES
 
     assert set(SUPPORTED_ARCHITECTURES) == set(REGISTRY)
 

@@ -6,20 +6,13 @@ and the 5.x `rope_parameters` spellings) into the handful of numbers the engine 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from workers.engine.errors import ModelLoadError
-
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+from workers.model_files import architecture, read_config
 
 DTYPES = {
     "float32": torch.float32,
@@ -82,26 +75,11 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{path}: invalid JSON ({exc})") from exc
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config(model_dir), source=str(Path(model_dir) / "config.json"))
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
-        archs = raw.get("architectures") or []
-        arch = archs[0] if archs else ""
-        if arch not in SUPPORTED_ARCHITECTURES:
-            from workers.engine.errors import UnsupportedArchitectureError
-
-            raise UnsupportedArchitectureError(
-                f"{source}: architecture {arch or '(none)'!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        arch = architecture(raw, source)
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -133,18 +111,6 @@ class ModelConfig:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"{source}: missing or invalid field {exc}") from exc
-
-    def num_parameters(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        if self.attention_bias:
-            per_layer += q + 2 * kv
-        if self.qk_norm:
-            per_layer += 2 * self.head_dim
-        embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
 
 
 def _rope_from(raw: dict) -> RopeConfig:

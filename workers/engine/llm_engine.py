@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from workers.engine.block_manager import BlockManager
-from workers.engine.config import EngineConfig, parse_dtype
+from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError
 from workers.engine.loader import eos_token_ids, load_model
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
@@ -44,14 +44,10 @@ class LLMEngine:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
-        from workers.engine.config import ModelConfig
-
-        model_cfg = ModelConfig.from_dir(config.model)
-        self.dtype = resolve_dtype(config.dtype, self.device, model_cfg.torch_dtype)
-        t0 = time.perf_counter()
+        self.model_config = ModelConfig.from_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.tokenizer = Tokenizer(config.model) if (Path(config.model) / "tokenizer.json").is_file() else None
-        self.model, self.model_config = load_model(config.model, self.device, self.dtype)
-        self.load_seconds = time.perf_counter() - t0
+        self.model = load_model(config.model, self.model_config, self.device, self.dtype)
         self.eos_token_ids = eos_token_ids(config.model, self.model_config)
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
@@ -72,9 +68,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, Sequence] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self.num_generated_tokens = 0
-        self.num_steps = 0
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
@@ -92,17 +86,16 @@ class LLMEngine:
                 "and at least one must be left to generate"
             )
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids)
-        self.requests[request_id] = seq
         if self.tokenizer is not None:
-            self._detok[request_id] = IncrementalDetokenizer(
+            seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, sampling_params.skip_special_tokens
             )
+        self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
 
     def abort_request(self, request_id: str) -> bool:
         seq = self.requests.pop(request_id, None)
-        self._detok.pop(request_id, None)
         if seq is None or seq.is_finished:
             return False
         seq.finish_reason = "abort"
@@ -121,7 +114,6 @@ class LLMEngine:
         for item in batch.all:
             self.block_manager.mark_computed(item.seq, item.num_tokens)
         result = self.sampler(logits, [item.seq for item in sampling])
-        self.num_steps += 1
         deltas = []
         now = time.monotonic()
         for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
@@ -136,11 +128,10 @@ class LLMEngine:
             seq.first_token_time = now
         if seq.logprobs is not None:
             seq.logprobs.append(logprobs)
-        detok = self._detok.get(seq.request_id)
         is_stop_token = token in p.stop_token_ids
         is_eos = token in seq.eos_token_ids
-        if detok is not None and not (is_eos or is_stop_token):
-            seq.text += detok.add(token)
+        if seq.detokenizer is not None and not (is_eos or is_stop_token):
+            seq.text += seq.detokenizer.add(token)
         if is_stop_token:
             seq.finish_reason, seq.stop_reason = "stop", token
         elif is_eos or (p.stop and self._check_stop_strings(seq)):
@@ -151,7 +142,7 @@ class LLMEngine:
             seq.finish_reason = "length"
         finished = seq.finish_reason is not None
         # Hold back text that could still turn out to be the start of a stop string.
-        hold = 0 if finished or not p.stop else max(len(s) for s in p.stop) - 1
+        hold = 0 if finished or not p.stop else p.max_stop_len - 1
         visible = max(len(seq.text) - hold, seq.emitted_text_len)
         new_text = seq.text[seq.emitted_text_len : visible]
         seq.emitted_text_len = visible
@@ -170,13 +161,11 @@ class LLMEngine:
         if finished:
             self.scheduler.finish(seq)
             self.requests.pop(seq.request_id, None)
-            self._detok.pop(seq.request_id, None)
         return delta
 
     def _check_stop_strings(self, seq: Sequence) -> bool:
         """Truncate the text at the first stop string; search only where a new one can start."""
-        longest = max(len(s) for s in seq.params.stop)
-        start = max(seq.emitted_text_len - longest, 0)
+        start = max(seq.emitted_text_len - seq.params.max_stop_len, 0)
         best = -1
         for s in seq.params.stop:
             i = seq.text.find(s, start)

@@ -12,29 +12,8 @@ from safetensors import safe_open
 
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
-from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.models import model_class
-
-
-def weight_files(model_dir: str | Path) -> list[Path]:
-    root = Path(model_dir)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise ModelLoadError(f"{index}: not a valid safetensors index ({exc})") from exc
-        files = sorted({root / name for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"{index} names shards that are missing: {', '.join(missing)}")
-        return files
-    single = root / "model.safetensors"
-    if single.is_file():
-        return [single]
-    if list(root.glob("*.bin")):
-        raise ModelLoadError(f"{root}: only PyTorch .bin weights found; convert them to safetensors")
-    raise ModelLoadError(f"{root}: no model.safetensors or model.safetensors.index.json")
+from workers.model_files import weight_files
 
 
 def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -66,8 +45,9 @@ def eos_token_ids(model_dir: str | Path, cfg: ModelConfig) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def load_model(model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, ModelConfig]:
-    cfg = ModelConfig.from_dir(model_dir)
+def load_model(model_dir: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Build the model on the meta device (no initialisation work), give it storage on
+    `device`, then copy each checkpoint tensor into place once."""
     cls = model_class(cfg.architecture)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -76,10 +56,6 @@ def load_model(model_dir: str | Path, device: torch.device, dtype: torch.dtype) 
             model = cls(cfg)
     finally:
         torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.cos_sin = cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+    model = model.materialize(device)
     model.load_weights(iter_tensors(model_dir))
-    model.eval()
-    return model, cfg
+    return model.eval()

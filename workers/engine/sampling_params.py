@@ -51,6 +51,10 @@ class SamplingParams:
             raise RequestError(f"logprobs must be in [0, 20], got {self.logprobs}")
 
     @property
+    def max_stop_len(self) -> int:
+        return max((len(s) for s in self.stop), default=0)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 

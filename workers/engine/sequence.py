@@ -35,6 +35,7 @@ class Sequence:
         self.text = ""  # detokenised output (stop strings removed)
         self.emitted_text_len = 0  # how much of `text` step() has reported
         self.eos_token_ids = () if params.ignore_eos else eos_token_ids
+        self.detokenizer = None  # an IncrementalDetokenizer when the model has a tokenizer
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)

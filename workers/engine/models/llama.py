@@ -87,13 +87,10 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-# HF name fragment → (fused parameter fragment, slice index within it)
-_FUSED = {
-    ".q_proj.": (".qkv_proj.", 0),
-    ".k_proj.": (".qkv_proj.", 1),
-    ".v_proj.": (".qkv_proj.", 2),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
+# A fused parameter → the checkpoint tensors stacked in it, in row order.
+_STACKED = {
+    ".qkv_proj.": (".q_proj.", ".k_proj.", ".v_proj."),
+    ".gate_up_proj.": (".gate_proj.", ".up_proj."),
 }
 
 
@@ -109,6 +106,16 @@ class LlamaForCausalLM(nn.Module):
             "cos_sin", cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope), persistent=False
         )
 
+    def materialize(self, device: torch.device) -> LlamaForCausalLM:
+        """Give a model built on the meta device real (uninitialised) storage on `device`;
+        `to_empty` unties shared weights and leaves buffers empty, so redo both."""
+        model = self.to_empty(device=device)
+        if self.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        cfg = self.config
+        model.cos_sin = cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+        return model
+
     def forward(self, input_ids, positions, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """Hidden states of every token; logits (fp32) only at `logits_indices`."""
         hidden = self.model(input_ids, positions, self.cos_sin, meta)
@@ -117,57 +124,48 @@ class LlamaForCausalLM(nn.Module):
     def kv_cache_modules(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
 
-    def _fused_slice(self, fused: str, index: int) -> tuple[int, int]:
+    def _row_ranges(self, fused: str) -> list[tuple[int, int]]:
         cfg = self.config
         if fused == ".qkv_proj.":
-            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-            return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][index]
-        i = cfg.intermediate_size
-        return [(0, i), (i, 2 * i)][index]
+            sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        else:
+            sizes = [cfg.intermediate_size] * 2
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return [(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+
+    def _checkpoint_layout(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
+        """Each expected checkpoint tensor → (our parameter, the rows it fills, or None for all)."""
+        layout: dict[str, tuple[str, tuple[int, int] | None]] = {}
+        for name, _ in self.named_parameters():  # a tied lm_head appears once, as the embedding
+            for fused, parts in _STACKED.items():
+                if fused in name:
+                    for part, rows in zip(parts, self._row_ranges(fused), strict=True):
+                        layout[name.replace(fused, part)] = (name, rows)
+                    break
+            else:
+                layout[name] = (name, None)
+        return layout
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded: set[str] = set()
+        params = dict(self.named_parameters())
+        layout = self._checkpoint_layout()
+        missing = set(layout)
         for name, tensor in tensors:
-            if "rotary_emb.inv_freq" in name:
+            if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
                 continue
-            if self.config.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            target, rows = name, None
-            for frag, (fused, index) in _FUSED.items():
-                if frag in name:
-                    target = name.replace(frag, fused)
-                    rows = self._fused_slice(fused, index)
-                    break
-            param = params.get(target)
-            if param is None:
+            if name not in layout:
                 raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
-            dest = param.data if rows is None else param.data[rows[0] : rows[1]]
+            target, rows = layout[name]
+            dest = params[target].data if rows is None else params[target].data[rows[0] : rows[1]]
             if dest.shape != tensor.shape:
                 raise ModelLoadError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
                 )
             dest.copy_(tensor)
-            loaded.add(name if rows is None else f"{target}#{rows[0]}")
-        expected = self._expected_names()
-        missing = sorted(expected - loaded)
+            missing.discard(name)
         if missing:
-            raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
+            raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepare()
-
-    def _expected_names(self) -> set[str]:
-        names = set()
-        for name, _ in self.named_parameters():
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            for fused in (".qkv_proj.", ".gate_up_proj."):
-                if fused in name:
-                    n = 3 if fused == ".qkv_proj." else 2
-                    names.update(f"{name}#{self._fused_slice(fused, i)[0]}" for i in range(n))
-                    break
-            else:
-                names.add(name)
-        return names
