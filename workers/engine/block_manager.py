@@ -120,10 +120,6 @@ class BlockManager:
         return bid
 
     # -- growth -------------------------------------------------------------------------------
-    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return need <= self.num_free_blocks
-
     def ensure_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make the block table cover `num_new_tokens` more tokens. False (and no change) if
         the cache is full."""

@@ -15,8 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
 
 def num_kv_blocks(engine: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:

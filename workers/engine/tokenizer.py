@@ -70,9 +70,6 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def id_to_token(self, token_id: int) -> str | None:
-        return self._tok.id_to_token(token_id)
-
     # -- chat templates -----------------------------------------------------------------------
     def render_chat(
         self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True, **extra
@@ -89,8 +86,6 @@ class Tokenizer:
                 **self.special_tokens,
                 **extra,
             )
-        except TemplateError:
-            raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
 
