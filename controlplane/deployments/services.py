@@ -50,8 +50,12 @@ def schedule_reconcile() -> None:
     transaction.on_commit(lambda: reconcile.delay())
 
 
-def _publish_deployment(dep: Deployment) -> None:
+def _changed(dep: Deployment, verb: str, actor=None, data: dict | None = None) -> Deployment:
+    """After any change to a deployment: audit it, tell live clients, reconcile after commit."""
+    record_event(f"deployment.{verb}", dep, actor=actor, data=data)
     publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation})
+    schedule_reconcile()
+    return dep
 
 
 def _publish_replica(r: Replica) -> None:
@@ -104,10 +108,7 @@ def create_deployment(data: dict, actor=None) -> Deployment:
         raise DomainError(f"a deployment named {data['slug']!r} already exists", "slug")
     validate_deployment(data)
     dep = Deployment.objects.create(**data)
-    record_event("deployment.created", dep, actor=actor, data={"mode": dep.mode})
-    _publish_deployment(dep)
-    schedule_reconcile()
-    return dep
+    return _changed(dep, "created", actor, {"mode": dep.mode})
 
 
 @transaction.atomic
@@ -118,10 +119,7 @@ def update_deployment(dep: Deployment, data: dict, actor=None) -> Deployment:
     for key, value in data.items():
         setattr(dep, key, value)
     dep.save()
-    record_event("deployment.updated", dep, actor=actor, data={k: str(v) for k, v in data.items()})
-    _publish_deployment(dep)
-    schedule_reconcile()
-    return dep
+    return _changed(dep, "updated", actor, {k: str(v) for k, v in data.items()})
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -136,10 +134,7 @@ def start(dep: Deployment, actor=None) -> Deployment:
         dep.desired_state = Deployment.DesiredState.RUNNING
         dep.generation += 1  # a fresh start forgets earlier failures
         dep.save(update_fields=["desired_state", "generation", "updated_at"])
-    record_event("deployment.start", dep, actor=actor)
-    _publish_deployment(dep)
-    schedule_reconcile()
-    return dep
+    return _changed(dep, "start", actor)
 
 
 @transaction.atomic
@@ -147,15 +142,7 @@ def stop(dep: Deployment, actor=None) -> Deployment:
     dep = _locked(dep)
     dep.desired_state = Deployment.DesiredState.STOPPED
     dep.save(update_fields=["desired_state", "updated_at"])
-    record_event("deployment.stop", dep, actor=actor)
-    _publish_deployment(dep)
-    schedule_reconcile()
-    return dep
-
-
-@transaction.atomic
-def scale(dep: Deployment, counts: dict[str, int], actor=None) -> Deployment:
-    return update_deployment(dep, counts, actor=actor)
+    return _changed(dep, "stop", actor)
 
 
 @transaction.atomic
@@ -164,35 +151,33 @@ def restart(dep: Deployment, actor=None) -> Deployment:
     dep = _locked(dep)
     dep.generation += 1
     dep.save(update_fields=["generation", "updated_at"])
-    record_event("deployment.restart", dep, actor=actor, data={"generation": dep.generation})
-    _publish_deployment(dep)
-    schedule_reconcile()
-    return dep
+    return _changed(dep, "restart", actor, {"generation": dep.generation})
 
 
 @transaction.atomic
 def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Replica]:
     """Drain one replica (the reconciler then replaces it) or, without an id, every replica and
     stop the deployment. Draining replicas finish in-flight requests and accept none."""
-    live = dep.replica_set.select_for_update(of=("self",)).filter(state__in=Replica.ACTIVE_STATES)
+    live = dep.replica_set.filter(state__in=Replica.ACTIVE_STATES)
     if replica_id is not None:
         live = live.filter(pk=replica_id)
-        if not live.exists():
-            raise DomainError(f"deployment {dep.slug!r} has no live replica {replica_id}", "replica")
-    else:
+    targets = list(live.select_related("node"))
+    if replica_id is not None and not targets:
+        raise DomainError(f"deployment {dep.slug!r} has no live replica {replica_id}", "replica")
+    if replica_id is None:
         dep.desired_state = Deployment.DesiredState.STOPPED
         dep.save(update_fields=["desired_state", "updated_at"])
-    drained = [r for r in live.select_related("node", "deployment")]
-    for r in drained:
-        _stop_replica(r, reason="drain requested")
-    record_event("deployment.drain", dep, actor=actor, data={"replicas": [r.pk for r in drained]})
-    schedule_reconcile()
+    drained = [r for r in (_stop_replica(r, reason="drain requested") for r in targets) if r is not None]
+    _changed(dep, "drain", actor, {"replicas": [r.pk for r in drained]})
     return drained
 
 
 # -- replicas -------------------------------------------------------------------------------------
-def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent", **fields) -> Replica | None:
-    """Move a replica to `state` if the state machine allows it; returns it, or None if refused."""
+def transition_replica(
+    replica_id: int, state: str, *, actor_label: str = "agent", reason: str = "", **fields
+) -> Replica | None:
+    """Move a replica to `state` if the state machine allows it; returns it, or None if refused.
+    Every replica state change goes through here (audit event, live update, timestamps)."""
     with transaction.atomic():
         r = (
             Replica.objects.select_for_update(of=("self",))
@@ -223,7 +208,11 @@ def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent
                 f"replica.{state}",
                 r,
                 actor_label=actor_label,
-                data={"from": previous, **({"error": r.last_error} if state == State.FAILED else {})},
+                data={
+                    "from": previous,
+                    **({"reason": reason} if reason else {}),
+                    **({"error": r.last_error} if state == State.FAILED else {}),
+                },
             )
             _publish_replica(r)
     if state == State.FAILED:
@@ -231,16 +220,18 @@ def transition_replica(replica_id: int, state: str, *, actor_label: str = "agent
     return r
 
 
-def _stop_replica(r: Replica, reason: str) -> None:
-    if r.node is None or (r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE):
-        r.state, r.stopped_at, r.last_error = State.STOPPED, timezone.now(), reason
-        r.save(update_fields=["state", "stopped_at", "last_error"])
-    else:
-        r.state = State.DRAINING
-        r.save(update_fields=["state"])
-        _send_to_node("agent.stop_replica", r)
-    record_event(f"replica.{r.state}", r, actor_label="reconciler", data={"reason": reason})
-    _publish_replica(r)
+def _stop_replica(r: Replica, reason: str) -> Replica | None:
+    """Ask the replica's agent to drain and stop it; one on no node, or still pending on an
+    offline node, has no process to stop and is marked stopped here."""
+    unreachable = r.node is None or (
+        r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE
+    )
+    if unreachable:
+        return transition_replica(r.pk, State.STOPPED, actor_label="reconciler", reason=reason, last_error=reason)
+    stopped = transition_replica(r.pk, State.DRAINING, actor_label="reconciler", reason=reason)
+    if stopped is not None:
+        _send_to_node("agent.stop_replica", stopped)
+    return stopped
 
 
 def fail_replicas_on_node(node: Node, reason: str) -> int:

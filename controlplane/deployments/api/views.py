@@ -66,7 +66,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     def scale(self, request, slug=None):
         body = ScaleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return self._respond(services.scale(self.get_object(), body.validated_data, actor=request.user))
+        return self._respond(services.update_deployment(self.get_object(), body.validated_data, actor=request.user))
 
     @extend_schema(operation_id="deployments_drain", request=DrainSerializer, responses=ReplicaSerializer(many=True))
     @action(detail=True, methods=["post"])
