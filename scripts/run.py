@@ -47,7 +47,7 @@ def ensure_redis(url: str, procs: list) -> None:
     binary = shutil.which("redis-server")
     if not binary:
         sys.exit(
-            "No Redis answers at {url} and redis-server is not installed. Install it "
+            f"No Redis answers at {url} and redis-server is not installed. Install it "
             "(Debian: apt-get install redis-server; `make setup` does this as root) or set REDIS_URL."
         )
     port = parsed.port or 6379
@@ -68,46 +68,47 @@ def ensure_redis(url: str, procs: list) -> None:
         time.sleep(0.1)
 
 
-def manage(*args: str) -> str:
-    return subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
-
-
-def admin_credentials() -> tuple[str, str, str]:
-    """(user, password, api key). A new password each run, so the printed one always works."""
-    password = secrets.token_urlsafe(12)
-    code = f"""
-import django; django.setup()
+BOOTSTRAP = """
+import json, sys
+import django
+django.setup()
+from django.core.management import call_command
 from django.contrib.auth import get_user_model
-from controlplane.gateway.services import create_api_key
+from rest_framework.authtoken.models import Token
 from controlplane.gateway.models import ApiKey
-User = get_user_model()
-u, _ = User.objects.get_or_create(username="admin", defaults={{"is_staff": True, "is_superuser": True}})
-u.is_staff = u.is_superuser = True
-u.set_password({password!r}); u.save()
-ApiKey.objects.filter(owner=u, name="make-run").update(revoked=True)
-key, secret = create_api_key(name="make-run", owner=u)
-print(secret)
+from controlplane.gateway.services import create_api_key
+
+call_command("migrate", "--noinput", verbosity=0)
+user, _ = get_user_model().objects.get_or_create(username="admin")
+user.is_staff = user.is_superuser = True
+user.set_password(sys.argv[1])
+user.save()
+ApiKey.objects.filter(owner=user, name="make-run", revoked=False).update(revoked=True)
+_, secret = create_api_key(name="make-run", owner=user)
+print(json.dumps({"api_key": secret, "token": Token.objects.get_or_create(user=user)[0].key}))
 """
-    out = subprocess.run(
-        [PY, "-c", code],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.config.settings"},
-    )
-    return "admin", password, out.stdout.strip().splitlines()[-1]
 
 
-def wait_http(url: str, timeout: float) -> bool:
+def bootstrap() -> dict:
+    """Migrate, then (re)create the admin with a fresh password (so the printed one always
+    works), an API key and a management-API token; one Django start-up for all of it."""
+    password = secrets.token_urlsafe(12)
+    out = subprocess.run([PY, "-c", BOOTSTRAP, password], cwd=ROOT, check=True, capture_output=True, text=True)
+    return {"admin_user": "admin", "admin_password": password, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def wait_http(url: str, timeout: float, token: str | None = None, until=lambda body: True) -> bool:
+    """Poll `url` until it answers 200 and `until(parsed JSON body)` holds."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                if response.status == 200 and until(json.loads(response.read())):
                     return True
         except OSError:
-            time.sleep(0.3)
+            pass
+        time.sleep(0.3)
     return False
 
 
@@ -141,80 +142,23 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop_all)
     signal.signal(signal.SIGTERM, stop_all)
     ensure_redis(redis_url, procs)
-    log("applying migrations")
-    manage("migrate", "--noinput")
-    user, password, api_key = admin_credentials()
-    start(
-        "web",
-        [
-            PY,
-            "-m",
-            "uvicorn",
-            "controlplane.config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-    )
-    start(
-        "beat",
-        [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane.config",
-            "beat",
-            "--schedule",
-            str(STATE / "celerybeat-schedule"),
-            "--loglevel",
-            "WARNING",
-        ],
-    )
-    start(
-        "control",
-        [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane.config",
-            "worker",
-            "-Q",
-            "control",
-            "-P",
-            "threads",
-            "-c",
-            "2",
-            "-n",
-            "control@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ],
-    )
+    log("applying migrations, creating the admin user")
+    creds = bootstrap()
+    celery = [PY, "-m", "celery", "-A", "controlplane.config"]
+    start("web", [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",
+                  "--port", str(port), "--log-level", "warning"])  # fmt: skip
+    start("beat", [*celery, "beat", "--schedule", str(STATE / "celerybeat-schedule"), "--loglevel", "WARNING"])
+    start("control", [*celery, "worker", "-Q", "control", "-P", "threads", "-c", "2", "-n", "control@%h",
+                      "--without-gossip", "--without-mingle", "--loglevel", "INFO"])  # fmt: skip
     start("agent", [PY, "-m", "workers.agent", "--node", node])
     url = f"http://127.0.0.1:{port}/"
     if not wait_http(f"{url}healthz", 60):
         log("the web server did not come up; see .switchyard/logs/web.log")
         stop_all()
-    deadline = time.monotonic() + 60
-    registered = False
-    while time.monotonic() < deadline and not registered:
-        out = manage(
-            "shell",
-            "-c",
-            f"from controlplane.inventory.models import Node;"
-            f"print(Node.objects.filter(name={node!r}, status='online').exists())",
-        )
-        registered = out.strip().endswith("True")
-        if not registered:
-            time.sleep(0.5)
+    registered = wait_http(f"{url}api/v1/nodes/?name={node}&status=online", 60, creds["token"],
+                           until=lambda body: body["count"] > 0)  # fmt: skip
     log(f"node agent {node}: {'registered' if registered else 'NOT registered (see logs/agent.log)'}")
+    user, password, api_key = creds["admin_user"], creds["admin_password"], creds["api_key"]
     info = {"url": url, "admin_user": user, "admin_password": password, "api_key": api_key, "model": None}
     run_file = STATE / "run.json"
     run_file.write_text(json.dumps(info, indent=2))

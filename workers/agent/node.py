@@ -30,9 +30,11 @@ class NodeAgent:
         self._stop = threading.Event()
         self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="node-heartbeat", daemon=True)
 
+    def _register(self) -> None:
+        inventory.register_node(name=self.name, hostname=socket.gethostname(), devices=self.devices)
+
     def start(self) -> None:
-        labels = {"hostname": socket.gethostname()}
-        inventory.register_node(name=self.name, hostname=socket.gethostname(), labels=labels, devices=self.devices)
+        self._register()
         # Replicas this node ran before the agent (re)started are not ours any more.
         for r in Replica.objects.filter(node__name=self.name, state__in=Replica.LIVE_STATES):
             transition_replica(
@@ -53,7 +55,7 @@ class NodeAgent:
             try:
                 close_old_connections()
                 if not inventory.heartbeat(self.name, device_discovery.stats(self.devices)):
-                    inventory.register_node(name=self.name, hostname=socket.gethostname(), devices=self.devices)
+                    self._register()  # the node row was deleted: come back
             except Exception:
                 log.exception("heartbeat failed")
 
