@@ -215,12 +215,10 @@ class Supervisor:
             return
         state = raw.get("state", "")
         fields = {}
-        if raw.get("load"):
-            with contextlib.suppress(json.JSONDecodeError):
-                fields["load"] = json.loads(raw["load"])
-        if raw.get("endpoint"):
-            with contextlib.suppress(json.JSONDecodeError):
-                fields["endpoint"] = json.loads(raw["endpoint"])
+        for key in ("load", "endpoint"):  # JSON the replica reports; a garbled value is skipped
+            if raw.get(key):
+                with contextlib.suppress(json.JSONDecodeError):
+                    fields[key] = json.loads(raw[key])
         if state == "ready" and m.reported_state != "ready":
             if transition_replica(
                 m.replica_id, State.READY, actor_label=f"agent:{self.node}", last_heartbeat=timezone.now(), **fields
