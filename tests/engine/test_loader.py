@@ -80,3 +80,17 @@ def test_eos_stops_generation(llama_dir):
     llm.engine.eos_token_ids = (first,)
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0]
     assert out.token_ids == [first] and out.finish_reason == "stop"
+
+
+def test_engine_stats_report_load_and_prefix_hits(llama_dir):
+    """The figures a replica will report in its heartbeat."""
+    llm = LLM(str(llama_dir), block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompt = {"prompt_token_ids": list(range(10, 30))}
+    llm.generate(prompt, params)
+    llm.generate(prompt, params)
+    stats = llm.engine.stats()
+    assert stats["prefix_cache_queries"] == 10 and stats["prefix_cache_hits"] == 4  # 2nd run: 4 of 5 blocks
+    assert stats["generated_tokens"] == 6
+    assert stats["running"] == stats["waiting"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

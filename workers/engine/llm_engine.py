@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -115,17 +114,14 @@ class LLMEngine:
             self.block_manager.mark_computed(item.seq, item.num_tokens)
         result = self.sampler(logits, [item.seq for item in sampling])
         deltas = []
-        now = time.monotonic()
         for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
-            deltas.append(self._append_token(item.seq, token, logprobs, now))
+            deltas.append(self._append_token(item.seq, token, logprobs))
         self.num_generated_tokens += len(sampling)
         return deltas
 
-    def _append_token(self, seq: Sequence, token: int, logprobs, now: float) -> RequestDelta:
+    def _append_token(self, seq: Sequence, token: int, logprobs) -> RequestDelta:
         p = seq.params
         seq.token_ids.append(token)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
         if seq.logprobs is not None:
             seq.logprobs.append(logprobs)
         is_stop_token = token in p.stop_token_ids

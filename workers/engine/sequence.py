@@ -40,7 +40,6 @@ class Sequence:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.arrival_time = time.monotonic()
-        self.first_token_time: float | None = None
         self.num_preemptions = 0
 
     @property
