@@ -1,7 +1,8 @@
 """`make run`: the whole control plane on this machine, in the foreground.
 
 Starts (and on Ctrl-C stops) Redis if none answers, the web server (uvicorn, ASGI), Celery
-beat, the control worker and this machine's node agent; prints where to go and how to sign in,
+beat, the control worker and this machine's node agent; registers the demo model, deploys it
+as `demo` and waits for its replica; prints where to go, how to sign in and a curl example,
 and writes the same to .switchyard/run.json (mode 0600).
 """
 
@@ -75,8 +76,13 @@ django.setup()
 from django.core.management import call_command
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
+from controlplane.catalog.models import Model
+from controlplane.catalog.services import register_model, validate_model
+from controlplane.deployments import services as deployments
+from controlplane.deployments.models import Deployment
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.services import create_api_key
+from workers.demo import MODEL_DIR
 
 call_command("migrate", "--noinput", verbosity=0)
 user, _ = get_user_model().objects.get_or_create(username="admin")
@@ -85,13 +91,23 @@ user.set_password(sys.argv[1])
 user.save()
 ApiKey.objects.filter(owner=user, name="make-run", revoked=False).update(revoked=True)
 _, secret = create_api_key(name="make-run", owner=user)
+model = Model.objects.filter(name="demo").first() or register_model(name="demo", source=str(MODEL_DIR), actor=user)
+model = validate_model(model.pk)
+if model.status != "ready":
+    sys.exit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
+demo = Deployment.objects.filter(slug="demo").first()
+if demo is None:
+    deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1}, actor=user)
+elif demo.desired_state != "running":
+    deployments.start(demo, actor=user)
 print(json.dumps({"api_key": secret, "token": Token.objects.get_or_create(user=user)[0].key}))
 """
 
 
 def bootstrap() -> dict:
     """Migrate, then (re)create the admin with a fresh password (so the printed one always
-    works), an API key and a management-API token; one Django start-up for all of it."""
+    works), an API key and a management-API token, register the demo model and create the
+    `demo` deployment (or start it again); one Django start-up for all of it."""
     password = secrets.token_urlsafe(12)
     out = subprocess.run([PY, "-c", BOOTSTRAP, password], cwd=ROOT, check=True, capture_output=True, text=True)
     return {"admin_user": "admin", "admin_password": password, **json.loads(out.stdout.strip().splitlines()[-1])}
@@ -158,8 +174,13 @@ def main() -> int:
     registered = wait_http(f"{url}api/v1/nodes/?name={node}&status=online", 60, creds["token"],
                            until=lambda body: body["count"] > 0)  # fmt: skip
     log(f"node agent {node}: {'registered' if registered else 'NOT registered (see logs/agent.log)'}")
+    log("waiting for the demo deployment's replica to load the model")
+    ready = wait_http(f"{url}api/v1/replicas/?deployment__slug=demo&state=ready", 180, creds["token"],
+                      until=lambda body: body["count"] > 0)  # fmt: skip
+    if not ready:
+        log("the demo replica is not ready after 180 s; see .switchyard/logs/replica-*.log")
     user, password, api_key = creds["admin_user"], creds["admin_password"], creds["api_key"]
-    info = {"url": url, "admin_user": user, "admin_password": password, "api_key": api_key, "model": None}
+    info = {"url": url, "admin_user": user, "admin_password": password, "api_key": api_key, "model": "demo"}
     run_file = STATE / "run.json"
     run_file.write_text(json.dumps(info, indent=2))
     run_file.chmod(0o600)
@@ -172,6 +193,9 @@ Switchyard is running.
   management API: TOKEN=$(.venv/bin/python manage.py create_token {user})
                   curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
   written to    : {run_file}
+Try the demo model:
+  curl {url}v1/chat/completions -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "demo", "messages": [{{"role": "user", "content": "What is the capital of Japan?"}}]}}'
 Press Ctrl-C to stop everything.""",
         flush=True,
     )

@@ -138,6 +138,9 @@ SWITCHYARD = {
     "REPLICA_MAX_RESTARTS": env.int("REPLICA_MAX_RESTARTS", default=5),
     "REPLICA_BACKOFF_SECONDS": env.float("REPLICA_BACKOFF_SECONDS", default=1.0),
     "REPLICA_STOP_TIMEOUT": env.float("REPLICA_STOP_TIMEOUT", default=10.0),
+    # A CPU replica's KV cache budget, and its torch threads (0: torch's default).
+    "REPLICA_CPU_KV_BYTES": env.int("REPLICA_CPU_KV_BYTES", default=512 << 20),
+    "REPLICA_CPU_THREADS": env.int("REPLICA_CPU_THREADS", default=0),
     "LOG_DIR": str(STATE_DIR / "logs"),
 }
 

@@ -116,6 +116,7 @@ class Replica(models.Model):
     last_error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     load = models.JSONField(default=dict, blank=True, help_text="latest load report from the replica")
+    progress = models.JSONField(default=dict, blank=True, help_text="loading stage and fraction, while starting")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)

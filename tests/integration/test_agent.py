@@ -3,115 +3,27 @@ processes end to end: ready, killed → restarted, stopped → gone."""
 
 import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from controlplane.deployments.models import Replica
 from controlplane.inventory.models import Node
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def database_url() -> str:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped) is not alive for our purposes.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+from tests.support.stack import pid_alive, processes, stack_env, wait_for
 
 
 @pytest.fixture
 def cluster(transactional_db, tmp_path):
     node = f"itest-{uuid.uuid4().hex[:6]}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": settings.REDIS_URL,
-        "SWITCHYARD_STATE_DIR": str(tmp_path),
-        "REPLICA_COMMAND": "{python} -m tests.support.fake_replica --replica-id {replica_id}",
-        "REPLICA_BACKOFF_SECONDS": "0.2",
-        "REPLICA_STOP_TIMEOUT": "5",
-        "REPLICA_MAX_RESTARTS": "2",
-        "NODE_HEARTBEAT_SECONDS": "0.5",
-        "CELERY_TASK_DEFAULT_QUEUE": "control",
-        "PYTHONPATH": str(ROOT),
-    }
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("control", "agent")}  # noqa: SIM115
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane.config",
-                "worker",
-                "-Q",
-                "control",
-                "-P",
-                "threads",
-                "-c",
-                "2",
-                "-n",
-                f"control-{node}@localhost",
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=logs["control"],
-            stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(
-            [sys.executable, "-m", "workers.agent", "--node", node],
-            cwd=ROOT,
-            env=env,
-            stdout=logs["agent"],
-            stderr=subprocess.STDOUT,
-        ),
-    ]
-    try:
+    env = stack_env(
+        tmp_path,
+        REPLICA_COMMAND="{python} -m tests.support.fake_replica --replica-id {replica_id}",
+        REPLICA_MAX_RESTARTS="2",
+    )
+    with processes(tmp_path, node, env):
         wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
         yield node, tmp_path
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
 
 
 def test_agent_supervises_replicas_end_to_end(cluster, staff_client, model_dir):

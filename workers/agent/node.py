@@ -26,7 +26,7 @@ class NodeAgent:
         self.name = name
         self.config = settings.SWITCHYARD
         self.devices = device_discovery.discover(self.config["CPU_MEMORY_BYTES"])
-        self.supervisor = Supervisor(name, self.config, redis_client.client())
+        self.supervisor = Supervisor(name, self.config, redis_client.client(), settings.REDIS_URL)
         self._stop = threading.Event()
         self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="node-heartbeat", daemon=True)
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import close_old_connections
@@ -26,14 +26,36 @@ from django.utils import timezone
 
 from controlplane.deployments.models import Replica
 from controlplane.deployments.services import transition_replica
+from workers.replica.protocol import ReplicaSpec, status_key
 
 log = logging.getLogger(__name__)
 State = Replica.State
 
 
-def replica_status_key(replica_id: int) -> str:
-    """Redis hash where a replica process reports its own state (see workers/replica)."""
-    return f"switchyard:replica:{replica_id}:status"
+def build_spec(replica: Replica, settings: dict, redis_url: str) -> ReplicaSpec:
+    """What the replica process needs, read from the database once, here, so that the replica
+    itself never touches it."""
+    deployment = replica.deployment
+    policy = deployment.cache_policy
+    devices = sorted(replica.devices.all(), key=lambda d: d.index)
+    device = "cuda" if devices and devices[0].kind == "cuda" else "cpu"
+    return ReplicaSpec(
+        replica_id=replica.pk,
+        deployment=deployment.slug,
+        model=deployment.model.source,
+        model_name=deployment.model.name,
+        role=replica.role,
+        device=device,
+        dtype=deployment.dtype,
+        block_size=policy.block_size if policy else 16,
+        enable_prefix_caching=policy.prefix_caching if policy else True,
+        max_num_seqs=deployment.max_num_seqs,
+        max_model_len=deployment.max_model_len,
+        kv_cache_bytes=settings["REPLICA_CPU_KV_BYTES"],
+        threads=settings["REPLICA_CPU_THREADS"],
+        redis_url=redis_url,
+        extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
+    )
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -58,12 +80,14 @@ class Managed:
     kill_at: float | None = None
     reported_state: str = ""
     last_db_heartbeat: float = 0.0
-    extra_env: dict = field(default_factory=dict)
+    spec_path: Path | None = None
 
 
 class Supervisor:
-    def __init__(self, node_name: str, settings: dict, redis_client):
+    def __init__(self, node_name: str, settings: dict, redis_client, redis_url: str):
         self.node = node_name
+        self.settings = settings
+        self.redis_url = redis_url
         self.command = settings["REPLICA_COMMAND"]
         self.max_restarts = settings["REPLICA_MAX_RESTARTS"]
         self.backoff = settings["REPLICA_BACKOFF_SECONDS"]
@@ -88,6 +112,8 @@ class Supervisor:
             if replica.node is None or replica.node.name != self.node:
                 return "assigned to another node"
             m = m or Managed(replica_id, self.log_dir / f"replica-{replica_id}.log")
+            m.spec_path = self.log_dir / f"replica-{replica_id}.spec.json"
+            m.spec_path.write_text(build_spec(replica, self.settings, self.redis_url).to_json())
             self.replicas[replica_id] = m
             self._spawn(m)
             return "started"
@@ -130,10 +156,13 @@ class Supervisor:
             **os.environ,
             "SWITCHYARD_REPLICA_ID": str(m.replica_id),
             "SWITCHYARD_NODE": self.node,
+            "SWITCHYARD_REPLICA_SPEC": str(m.spec_path),
             "PYTHONUNBUFFERED": "1",
-            **m.extra_env,
         }
-        self.redis.delete(replica_status_key(m.replica_id))
+        cuda = json.loads(m.spec_path.read_text())["extra"].get("cuda_devices") if m.spec_path else None
+        if cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cuda))
+        self.redis.delete(status_key(m.replica_id))
         with m.log_path.open("ab") as logf:
             logf.write(f"--- start {timezone.now().isoformat()} (restart {m.restarts}): {' '.join(args)}\n".encode())
             logf.flush()
@@ -210,12 +239,12 @@ class Supervisor:
         )
 
     def _read_status(self, m: Managed, now: float) -> None:
-        raw = self.redis.hgetall(replica_status_key(m.replica_id))
+        raw = self.redis.hgetall(status_key(m.replica_id))
         if not raw:
             return
         state = raw.get("state", "")
         fields = {}
-        for key in ("load", "endpoint"):  # JSON the replica reports; a garbled value is skipped
+        for key in ("load", "endpoint", "progress"):  # JSON the replica reports; a garbled value is skipped
             if raw.get(key):
                 with contextlib.suppress(json.JSONDecodeError):
                     fields[key] = json.loads(raw[key])

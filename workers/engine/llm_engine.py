@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,18 +39,23 @@ def resolve_dtype(requested: str, device: torch.device, config_dtype: str) -> to
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, progress: Callable[[str, float], None] | None = None):
+        """`progress(stage, fraction)` is told where loading is (the replica reports it)."""
+        progress = progress or (lambda stage, fraction: None)
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
+        progress("reading config", 0.05)
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.tokenizer = Tokenizer(config.model) if (Path(config.model) / "tokenizer.json").is_file() else None
+        progress("loading weights", 0.15)
         self.model = load_model(config.model, self.model_config, self.device, self.dtype)
         self.eos_token_ids = eos_token_ids(config.model, self.model_config)
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
+        progress("allocating KV cache", 0.85)
         blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
         self.max_model_len = min(config.max_model_len or self.model_config.max_context, self.model_config.max_context)
         if blocks * config.block_size < self.max_model_len:
@@ -68,6 +74,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
+        progress("loaded", 1.0)
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:

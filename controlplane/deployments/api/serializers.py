@@ -46,6 +46,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "last_error",
             "log_tail",
             "load",
+            "progress",
             "created_at",
             "started_at",
             "ready_at",

@@ -1,0 +1,105 @@
+"""`/ws/generate/`: chat generation over a websocket, several requests at once per socket.
+
+Auth: the signed-in session (the console), or an API key in `?api_key=` or an
+`Authorization: Bearer` header. The client sends a chat request with its own `id`:
+
+    {"id": "r1", "model": "demo", "messages": [...], "max_tokens": 32, ...}   (OpenAI's fields)
+    {"type": "cancel", "id": "r1"}
+
+and receives, per request id: `start` (request id, replica, route reason), `token` (text and
+token ids), `tool_call`, then `done` (finish_reason, usage, timings) or `error` (OpenAI's error
+body). Closing the socket aborts what is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import parse_qs
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from controlplane.gateway import generation
+from controlplane.gateway.openai_request import OpenAIError, parse_chat
+from controlplane.gateway.openai_views import ChatShaper
+from controlplane.gateway.tool_calls import ToolCall
+
+MAX_CONCURRENT_PER_SOCKET = 64
+
+
+class GenerateConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        self.tasks: dict[str, asyncio.Task] = {}
+        user = self.scope.get("user")
+        try:
+            if user is not None and user.is_authenticated:
+                self.caller = generation.caller_from_user(user)
+            else:
+                self.caller = await generation.caller_from_secret(self._secret())
+        except OpenAIError:
+            await self.close(code=4401)
+            return
+        await self.accept()
+
+    def _secret(self) -> str | None:
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        if query.get("api_key"):
+            return query["api_key"][0]
+        headers = dict(self.scope.get("headers") or [])
+        return generation.secret_from_header(headers.get(b"authorization", b"").decode() or None)
+
+    async def disconnect(self, code):
+        for task in getattr(self, "tasks", {}).values():
+            task.cancel()
+
+    async def receive_json(self, content, **kwargs):
+        if not isinstance(content, dict) or not isinstance(content.get("id"), str) or not content["id"]:
+            await self.send_json({"type": "error", "id": None, "error": OpenAIError(
+                400, "Each message needs a string 'id' of your choosing.", "id").body()["error"]})  # fmt: skip
+            return
+        rid = content["id"]
+        if content.get("type") == "cancel":
+            task = self.tasks.get(rid)
+            if task:
+                task.cancel()
+            return
+        if rid in self.tasks:
+            await self._error(rid, OpenAIError(400, f"Request id '{rid}' is already running.", "id"))
+            return
+        if len(self.tasks) >= MAX_CONCURRENT_PER_SOCKET:
+            await self._error(rid, OpenAIError(429, "Too many requests running on this socket.", code="too_many"))
+            return
+        self.tasks[rid] = asyncio.get_running_loop().create_task(self._run(rid, content))
+
+    async def _error(self, rid: str, exc: OpenAIError) -> None:
+        await self.send_json({"type": "error", "id": rid, "error": exc.body()["error"]})
+
+    async def _run(self, rid: str, content: dict) -> None:
+        gen = None
+        try:
+            body = {k: v for k, v in content.items() if k not in ("id", "type", "stream")}
+            req = parse_chat(body)
+            gen = await generation.start(req, self.caller, content.get("session"))
+            await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,
+                                  "replica": gen.route.replica_id, "route_reason": gen.route.reason})  # fmt: skip
+            shaper = ChatShaper(req)
+            async for event in gen.events():
+                if event["type"] == "error":
+                    await self._error(rid, OpenAIError(502, event["message"], code="replica_error"))
+                    return
+                for piece in shaper.pieces(event):
+                    if isinstance(piece, ToolCall):
+                        await self.send_json({"type": "tool_call", "id": rid, "tool_call": piece.as_openai()})
+                    elif piece:
+                        await self.send_json({"type": "token", "id": rid, "text": piece})
+                if event.get("finish_reason"):
+                    reason = (
+                        "tool_calls" if shaper.calls and event["finish_reason"] == "stop" else event["finish_reason"]
+                    )
+                    await self.send_json({"type": "done", "id": rid, "finish_reason": reason, "usage": event["usage"],
+                                          "timings": {**gen.timings(), "replica": event.get("timings")}})  # fmt: skip
+        except OpenAIError as exc:
+            await self._error(rid, exc)
+        finally:
+            if gen is not None:
+                await gen.close()
+            self.tasks.pop(rid, None)

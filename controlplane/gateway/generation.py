@@ -1,0 +1,148 @@
+"""One generation request from admission to its last event; shared by the OpenAI views and the
+generate websocket, which differ only in how they format events.
+
+Admission = authenticate → resolve the deployment (404/403) → rate limit (429) → route →
+submit to the replica → wait for its `accepted` (or its 400, e.g. a prompt over the context).
+Only then does a response start, so every refusal is a proper HTTP error, streaming or not.
+A replica that is draining or dies before accepting is skipped for the next one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from controlplane.deployments.models import Deployment
+from controlplane.gateway import ratelimit, router
+from controlplane.gateway.hub import RequestStream, get_hub
+from controlplane.gateway.models import ApiKey
+from controlplane.gateway.openai_request import GenerationRequest, OpenAIError
+from controlplane.gateway.services import authenticate
+
+ATTEMPTS = 3
+
+
+@dataclass
+class Caller:
+    """Who is asking: an API key (the OpenAI API), or a signed-in user (the console)."""
+
+    key: ApiKey | None
+    allowed: frozenset[int] | None  # deployment ids; None: all
+    label: str
+
+
+@sync_to_async
+def caller_from_secret(secret: str | None) -> Caller:
+    if not secret:
+        raise OpenAIError(401, "Missing API key: send it as 'Authorization: Bearer sy-...'.", code="missing_api_key")
+    key = authenticate(secret)
+    if key is None:
+        raise OpenAIError(401, "Invalid or revoked API key.", code="invalid_api_key")
+    allowed = frozenset(key.allowed_deployments.values_list("id", flat=True)) or None
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    return Caller(key, allowed, f"key:{key.prefix}")
+
+
+def caller_from_user(user) -> Caller:
+    return Caller(None, None, f"user:{user.get_username()}")
+
+
+def secret_from_header(value: str | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+@sync_to_async
+def visible_deployments(caller: Caller) -> list[Deployment]:
+    qs = Deployment.objects.filter(desired_state=Deployment.DesiredState.RUNNING).select_related("model")
+    if caller.allowed is not None:
+        qs = qs.filter(pk__in=caller.allowed)
+    return list(qs.order_by("slug"))
+
+
+@sync_to_async
+def resolve_deployment(name: str, caller: Caller) -> Deployment:
+    deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
+    if deployment is None:
+        raise OpenAIError(404, f"The model '{name}' does not exist (see GET /v1/models).", "model", "model_not_found")
+    if caller.allowed is not None and deployment.pk not in caller.allowed:
+        raise OpenAIError(403, f"This API key may not use the model '{name}'.", "model", "model_not_allowed")
+    if deployment.desired_state != Deployment.DesiredState.RUNNING:
+        raise OpenAIError(
+            503, f"The model '{name}' is stopped.", "model", "model_stopped", headers={"Retry-After": "10"}
+        )
+    return deployment
+
+
+@dataclass
+class Generation:
+    request_id: str
+    deployment: Deployment
+    route: router.Route
+    stream: RequestStream
+    caller: Caller
+    prompt_tokens: int
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    async def events(self):
+        """Delta events, then the stream ends; an `error` event ends it early."""
+        try:
+            async for event in self.stream:
+                if event.get("type") == "delta" and self.first_token_at is None:
+                    self.first_token_at = time.monotonic()
+                if event.get("usage"):
+                    usage = event["usage"]
+                    await ratelimit.count_tokens(
+                        self.stream.hub.redis, self.caller.key, usage["prompt_tokens"] + usage["completion_tokens"]
+                    )
+                yield event
+        finally:
+            await self.stream.close()
+
+    def timings(self) -> dict:
+        now = time.monotonic()
+        ttft = (self.first_token_at - self.started) * 1000 if self.first_token_at else None
+        return {
+            "ttft_ms": round(ttft, 3) if ttft is not None else None,
+            "total_ms": round((now - self.started) * 1000, 3),
+        }
+
+    async def close(self) -> None:
+        await self.stream.close()
+
+
+async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:
+    hub = get_hub()
+    deployment = await resolve_deployment(req.model, caller)
+    await ratelimit.check(hub.redis, caller.key)
+    prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
+    tried: set[int] = set()
+    for _ in range(ATTEMPTS):
+        route = await router.choose(hub, deployment, session, frozenset(tried))
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        stream = await hub.submit(route.replica_id, request_id, req.replica_message(), route.incarnation)
+        try:
+            first = await stream.next_event()
+        except BaseException:  # the client went away (cancelled) before the replica answered
+            await stream.close()
+            raise
+        if first.get("type") == "accepted":
+            return Generation(request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)))
+        await stream.close()
+        status = int(first.get("status", 500))
+        if status in (502, 503):  # draining or died before accepting: try another replica
+            tried.add(route.replica_id)
+            continue
+        param = "messages" if req.kind == "chat" else "prompt"
+        raise OpenAIError(status if 400 <= status < 500 else 502, first.get("message", "replica error"), param,
+                          first.get("code"))  # fmt: skip
+    raise OpenAIError(503, f"No replica of '{req.model}' could take the request.", code="no_ready_replica",
+                      headers={"Retry-After": "2"})  # fmt: skip

@@ -1,0 +1,156 @@
+"""The web process's line to the replicas: requests out on their Redis streams, events back on
+one pub/sub channel per process.
+
+One subscriber per event loop reads every reply and hands each to the queue of its request, so
+a thousand open streams cost one Redis connection, not a thousand. A request's stream also
+watches its replica: if the replica's heartbeat stops or a new incarnation appears (it was
+restarted), the stream ends with an error event instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from workers.replica import protocol
+
+log = logging.getLogger(__name__)
+LIVENESS_CHECK_SECONDS = 0.5
+
+
+class ReplicaGone(Exception):
+    pass
+
+
+class RequestStream:
+    """The events of one request, in order; ends after the last delta or an error."""
+
+    def __init__(self, hub: ReplicaHub, replica_id: int, request_id: str, incarnation: str | None):
+        self.hub = hub
+        self.replica_id = replica_id
+        self.request_id = request_id
+        self.incarnation = incarnation
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+
+    async def next_event(self) -> dict:
+        while True:
+            try:
+                event = await asyncio.wait_for(self.queue.get(), LIVENESS_CHECK_SECONDS)
+            except TimeoutError:
+                problem = await self.hub.replica_problem(self.replica_id, self.incarnation)
+                if problem:
+                    self.finished = True
+                    return {"id": self.request_id, "type": "error", "status": 502, "message": problem}
+                continue
+            if event.get("type") == "error" or event.get("finish_reason"):
+                self.finished = True
+            return event
+
+    async def __aiter__(self) -> AsyncIterator[dict]:
+        while not self.finished:
+            yield await self.next_event()
+
+    async def close(self) -> None:
+        """Stop listening; if the request is still running, tell the replica to abort it."""
+        self.hub.queues.pop(self.request_id, None)
+        if not self.finished:
+            self.finished = True
+            await self.hub.abort(self.replica_id, self.request_id)
+
+
+class ReplicaHub:
+    def __init__(self, url: str):
+        self.redis = aioredis.Redis.from_url(url, decode_responses=True)
+        self.channel = f"switchyard:gateway:{uuid.uuid4().hex}"
+        self.queues: dict[str, asyncio.Queue] = {}
+        self._listener: asyncio.Task | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="replica-hub")
+        await self._subscribed.wait()
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._subscribed.set()
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        event = protocol.decode(message["data"])
+                    except ValueError:
+                        continue
+                    queue = self.queues.get(event.get("id", ""))
+                    if queue is not None:
+                        queue.put_nowait(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a dropped connection: resubscribe; streams notice a dead replica themselves
+                log.exception("reply listener failed; resubscribing")
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def submit(self, replica_id: int, request_id: str, message: dict, incarnation: str | None) -> RequestStream:
+        await self.start()
+        stream = RequestStream(self, replica_id, request_id, incarnation)
+        self.queues[request_id] = stream.queue
+        payload = {**message, "type": "generate", "id": request_id, "reply_to": self.channel}
+        await self.redis.xadd(
+            protocol.requests_key(replica_id),
+            {"m": protocol.encode(payload)},
+            maxlen=protocol.REQUEST_STREAM_MAXLEN,
+            approximate=True,
+        )
+        return stream
+
+    async def abort(self, replica_id: int, request_id: str) -> None:
+        await self.redis.xadd(
+            protocol.requests_key(replica_id),
+            {"m": protocol.encode({"type": "abort", "id": request_id})},
+            maxlen=protocol.REQUEST_STREAM_MAXLEN,
+            approximate=True,
+        )
+
+    async def statuses(self, replica_ids: list[int]) -> list[dict]:
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in replica_ids:
+            pipe.hgetall(protocol.status_key(rid))
+        return await pipe.execute()
+
+    async def replica_problem(self, replica_id: int, incarnation: str | None) -> str | None:
+        """Why the replica can no longer answer, or None while it is alive."""
+        status = await self.redis.hgetall(protocol.status_key(replica_id))
+        if not status or status.get("state") not in ("ready", "draining"):
+            return f"replica {replica_id} stopped while serving this request"
+        if incarnation and status.get("incarnation") != incarnation:
+            return f"replica {replica_id} restarted while serving this request"
+        if not protocol.is_fresh(status):
+            return f"replica {replica_id} stopped responding"
+        return None
+
+
+_hubs: dict[asyncio.AbstractEventLoop, ReplicaHub] = {}
+
+
+def get_hub() -> ReplicaHub:
+    """The hub of the running event loop (uvicorn has one; tests may run several)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        for old in [lp for lp in _hubs if lp.is_closed()]:
+            _hubs.pop(old, None)
+        hub = _hubs[loop] = ReplicaHub(settings.REDIS_URL)
+    return hub

@@ -1,0 +1,236 @@
+"""Parse and validate OpenAI request bodies into what a replica understands.
+
+Every problem becomes an `OpenAIError` naming the parameter, so a client gets a 400 in
+OpenAI's error shape rather than a traceback. Fields the engine cannot honour (n > 1, echo,
+best_of...) are refused explicitly instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}  # fmt: skip
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers=None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return self.TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request: what to send to the replica plus how to shape the answer."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict = "auto"
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    params: dict = field(default_factory=dict)  # engine SamplingParams fields
+    logprobs: bool = False
+    top_logprobs: int = 0
+    user: str | None = None
+
+    def replica_message(self) -> dict:
+        message = {"params": self.params}
+        if self.kind == "chat":
+            message["messages"] = self.messages
+            if self.tools and self.tool_choice != "none":
+                message["tools"] = self.tools
+        elif self.prompt_token_ids is not None:
+            message["prompt_token_ids"] = self.prompt_token_ids
+        else:
+            message["prompt"] = self.prompt
+        return message
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _typed(body: dict, name: str, kinds, default=None, *, what: str):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    # bool is an int in Python; a JSON true is not a number.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise bad(f"'{name}' must be {what}, got {json.dumps(value)}.", name, "invalid_type")
+    if not isinstance(value, kinds):
+        raise bad(f"'{name}' must be {what}, got {json.dumps(value)[:80]}.", name, "invalid_type")
+    return value
+
+
+def _number(body, name, default=None, lo=None, hi=None):
+    value = _typed(body, name, (int, float), default, what="a number")
+    if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+        raise bad(f"'{name}' must be between {lo} and {hi}, got {value}.", name)
+    return value
+
+
+def _integer(body, name, default=None, lo=None, hi=None):
+    value = _typed(body, name, int, default, what="an integer")
+    if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad(f"'{name}' must be {bounds}, got {value}.", name)
+    return value
+
+
+UNSUPPORTED = {"best_of": 1, "n": 1, "echo": False, "suffix": None, "logit_bias": None}
+
+
+def _common(body: dict, kind: str) -> GenerationRequest:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' is required: the name of a deployment (see GET /v1/models).", "model", "missing")
+    for name, ok in UNSUPPORTED.items():
+        if name in body and body[name] not in (ok, None, {}):
+            raise bad(f"'{name}' = {json.dumps(body[name])} is not supported by this server.", name, "unsupported")
+    stream = _typed(body, "stream", bool, False, what="a boolean")
+    options = _typed(body, "stream_options", dict, {}, what="an object")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4):
+        raise bad("'stop' must be a string or a list of at most 4 strings.", "stop", "invalid_type")
+    max_tokens = _integer(body, "max_completion_tokens", None, lo=1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", None, lo=1)
+    params = {
+        "temperature": _number(body, "temperature", 1.0, 0, 2),
+        "top_p": _number(body, "top_p", 1.0, 0, 1),
+        "top_k": _integer(body, "top_k", -1, lo=-1),
+        "min_p": _number(body, "min_p", 0.0, 0, 1),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -2, 2),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2, 2),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 0.01, 10),
+        "seed": _integer(body, "seed", None),
+        "max_tokens": max_tokens if max_tokens is not None else (16 if kind == "completion" else None),
+        "stop": stop or [],
+        "ignore_eos": _typed(body, "ignore_eos", bool, False, what="a boolean"),
+    }
+    if params["top_p"] == 0:
+        raise bad("'top_p' must be greater than 0.", "top_p")
+    user = _typed(body, "user", str, None, what="a string")
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        stream=stream,
+        include_usage=bool(stream and options.get("include_usage")),
+        params=params,
+        user=user,
+    )
+
+
+def parse_completion(body: dict) -> GenerationRequest:
+    req = _common(body, "completion")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("'prompt' must not be empty.", "prompt")
+        req.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.prompt_token_ids = prompt
+    else:
+        raise bad("'prompt' must be a non-empty string or a list of token ids (one prompt per request).", "prompt")
+    logprobs = _integer(body, "logprobs", None, lo=0, hi=20)
+    if logprobs is not None:
+        req.logprobs, req.top_logprobs = True, logprobs
+        req.params["logprobs"] = logprobs
+    return req
+
+
+def _message_text(content, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad("Only text content parts are supported.", f"messages[{index}].content", "unsupported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad("'content' must be a string or a list of text parts.", f"messages[{index}].content", "invalid_type")
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def parse_chat(body: dict) -> GenerationRequest:
+    req = _common(body, "chat")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list.", "messages", "missing" if messages is None else "invalid_type")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad("Each message must be an object.", f"messages[{i}]", "invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"'role' must be one of {', '.join(ROLES)}; got {json.dumps(role)}.", f"messages[{i}].role")
+        out = {"role": "system" if role == "developer" else role, "content": _message_text(m.get("content"), i)}
+        if role == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and "function" in c for c in calls):
+                raise bad("'tool_calls' must be a list of function calls.", f"messages[{i}].tool_calls")
+            out["tool_calls"] = calls
+        if role == "tool" and m.get("tool_call_id"):
+            out["tool_call_id"] = m["tool_call_id"]
+        clean.append(out)
+    req.messages = clean
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            for t in tools
+        ):  # fmt: skip
+            raise bad('\'tools\' must be a list of {"type": "function", "function": {"name": ...}}.', "tools")
+        req.tools = tools or None
+    choice = body.get("tool_choice", "auto")
+    if choice not in ("auto", "none", "required") and not (
+        isinstance(choice, dict) and isinstance(choice.get("function"), dict)
+    ):
+        raise bad("'tool_choice' must be 'auto', 'none', 'required' or a named function.", "tool_choice")
+    if choice not in ("auto", "none") and not req.tools:
+        raise bad("'tool_choice' needs 'tools'.", "tool_choice")
+    req.tool_choice = choice
+    req.logprobs = _typed(body, "logprobs", bool, False, what="a boolean")
+    top = _integer(body, "top_logprobs", None, lo=0, hi=20)
+    if top is not None and not req.logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+    if req.logprobs:
+        req.top_logprobs = top or 0
+        req.params["logprobs"] = req.top_logprobs
+    return req

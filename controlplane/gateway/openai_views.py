@@ -1,0 +1,301 @@
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/completions, /v1/chat/completions.
+
+Plain async Django views (DRF is synchronous): admission happens in generation.start, these
+views only shape events into OpenAI's JSON and Server-Sent Events. If the client disconnects,
+Django cancels the view or the stream; `Generation.events` then aborts the request in the
+replica.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from controlplane.gateway import generation
+from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, parse_chat, parse_completion, parse_json
+from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: OpenAIError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
+
+
+def openai_view(methods: tuple[str, ...]):
+    """Method check, OpenAI-shaped errors, and nothing escapes as a 500 for bad input."""
+
+    def wrap(view):
+        async def handler(request, *args, **kwargs):
+            if request.method not in methods:
+                return error_response(OpenAIError(405, f"Use {' or '.join(methods)} on {request.path}.",
+                                                  code="method_not_allowed"))  # fmt: skip
+            try:
+                return await view(request, *args, **kwargs)
+            except OpenAIError as exc:
+                return error_response(exc)
+
+        handler.__name__ = view.__name__
+        handler.__doc__ = view.__doc__
+        return csrf_exempt(handler)
+
+    return wrap
+
+
+async def _caller(request) -> generation.Caller:
+    return await generation.caller_from_secret(generation.secret_from_header(request.headers.get("Authorization")))
+
+
+def _headers(gen: generation.Generation) -> dict:
+    return {
+        "x-request-id": gen.request_id,
+        "x-switchyard-replica": str(gen.route.replica_id),
+        "x-switchyard-route-reason": gen.route.reason,
+    }
+
+
+def _usage(event: dict) -> dict:
+    u = event["usage"]
+    return {
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
+    }
+
+
+def _finish_reason(reason: str | None, tool_calls: bool) -> str | None:
+    if reason == "stop" and tool_calls:
+        return "tool_calls"
+    return {"abort": "stop"}.get(reason, reason)
+
+
+def _chat_logprobs(entries: list[dict]) -> list[dict]:
+    def one(e):
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
+
+    return [{**one(e), "top_logprobs": [one(t) for t in e["top"]]} for e in entries]
+
+
+def sse(data: dict | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+@openai_view(("GET",))
+async def list_models(request):
+    caller = await _caller(request)
+    deployments = await generation.visible_deployments(caller)
+    data = [
+        {
+            "id": d.slug,
+            "object": "model",
+            "created": int(d.created_at.timestamp()),
+            "owned_by": "switchyard",
+            "root": d.model.name,
+            "max_model_len": d.max_model_len or d.model.context_length,
+        }
+        for d in deployments
+    ]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@openai_view(("GET",))
+async def retrieve_model(request, model_id: str):
+    caller = await _caller(request)
+    d = await generation.resolve_deployment(model_id, caller)
+    return JsonResponse({"id": d.slug, "object": "model", "created": int(d.created_at.timestamp()),
+                         "owned_by": "switchyard", "root": d.model.name})  # fmt: skip
+
+
+async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generation]:
+    caller = await _caller(request)  # 401 before looking at the body
+    req = parse(parse_json(request.body))
+    session = request.headers.get("x-session-affinity") or None
+    return req, await generation.start(req, caller, session)
+
+
+# -- chat --------------------------------------------------------------------------------------
+class ChatShaper:
+    """Turns replica deltas into chat content and tool calls, for both response styles."""
+
+    def __init__(self, req: GenerationRequest):
+        self.parser = ToolCallParser() if req.tools and req.tool_choice != "none" else None
+        self.logprobs = req.logprobs
+        self.calls: list[ToolCall] = []
+
+    def pieces(self, event: dict) -> list[str | ToolCall]:
+        if self.parser is None:
+            return [event["text"]] if event.get("text") else []
+        out = self.parser.feed(event.get("text", ""))
+        if event.get("finish_reason"):
+            out += self.parser.finish()
+        self.calls += [p for p in out if isinstance(p, ToolCall)]
+        return out
+
+
+@openai_view(("POST",))
+async def chat_completions(request):
+    req, gen = await _admit(request, parse_chat)
+    shaper = ChatShaper(req)
+    if req.stream:
+        response = StreamingHttpResponse(_chat_stream(req, gen, shaper), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+    else:
+        try:
+            body = await _chat_whole(req, gen, shaper)
+        finally:
+            await gen.close()
+        response = JsonResponse(body)
+    for name, value in _headers(gen).items():
+        response[name] = value
+    return response
+
+
+async def _chat_whole(req, gen, shaper: ChatShaper) -> dict:
+    content, logprobs, last = [], [], {}
+    async for event in gen.events():
+        if event["type"] == "error":
+            raise OpenAIError(502, event["message"], code="replica_error")
+        content += [p for p in shaper.pieces(event) if isinstance(p, str)]
+        logprobs += event.get("logprobs") or []
+        last = event
+    text = "".join(content)
+    message = {"role": "assistant", "content": text}
+    if shaper.calls:
+        message["content"] = text.strip() or None
+        message["tool_calls"] = [c.as_openai() for c in shaper.calls]
+    return {
+        "id": gen.request_id,
+        "object": "chat.completion",
+        "created": gen.created,
+        "model": req.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
+                "finish_reason": _finish_reason(last.get("finish_reason"), bool(shaper.calls)),
+            }
+        ],
+        "usage": _usage(last),
+    }
+
+
+async def _chat_stream(req, gen, shaper: ChatShaper):
+    def chunk(delta: dict, finish=None, logprobs=None) -> bytes:
+        body = {
+            "id": gen.request_id,
+            "object": "chat.completion.chunk",
+            "created": gen.created,
+            "model": req.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }
+        if req.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for event in gen.events():
+            if event["type"] == "error":
+                yield sse(OpenAIError(502, event["message"], code="replica_error").body())
+                return
+            lp = {"content": _chat_logprobs(event.get("logprobs") or [])} if req.logprobs else None
+            for piece in shaper.pieces(event):
+                if isinstance(piece, ToolCall):
+                    index = shaper.calls.index(piece)
+                    yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]})
+                elif piece:
+                    yield chunk({"content": piece}, logprobs=lp)
+                    lp = None
+            if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
+                yield chunk({}, logprobs=lp)
+            if event.get("finish_reason"):
+                yield chunk({}, finish=_finish_reason(event["finish_reason"], bool(shaper.calls)))
+                if req.include_usage:
+                    yield sse({"id": gen.request_id, "object": "chat.completion.chunk", "created": gen.created,
+                               "model": req.model, "choices": [], "usage": _usage(event)})  # fmt: skip
+        yield sse("[DONE]")
+    finally:
+        await gen.close()
+
+
+# -- completions -------------------------------------------------------------------------------
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        out["tokens"].append(e["token"])
+        out["token_logprobs"].append(e["logprob"])
+        out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top"]})
+        out["text_offset"].append(offset)
+        offset += len(e["token"])
+    return out
+
+
+@openai_view(("POST",))
+async def completions(request):
+    req, gen = await _admit(request, parse_completion)
+    if req.stream:
+        response = StreamingHttpResponse(_completion_stream(req, gen), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+    else:
+        try:
+            text, logprobs, last = [], [], {}
+            async for event in gen.events():
+                if event["type"] == "error":
+                    raise OpenAIError(502, event["message"], code="replica_error")
+                text.append(event.get("text", ""))
+                logprobs += event.get("logprobs") or []
+                last = event
+        finally:
+            await gen.close()
+        choice = {
+            "index": 0,
+            "text": "".join(text),
+            "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
+            "finish_reason": _finish_reason(last.get("finish_reason"), False),
+        }
+        response = JsonResponse({"id": gen.request_id, "object": "text_completion", "created": gen.created,
+                                 "model": req.model, "choices": [choice], "usage": _usage(last)})  # fmt: skip
+    for name, value in _headers(gen).items():
+        response[name] = value
+    return response
+
+
+async def _completion_stream(req, gen):
+    offset = 0
+    try:
+        async for event in gen.events():
+            if event["type"] == "error":
+                yield sse(OpenAIError(502, event["message"], code="replica_error").body())
+                return
+            lp = _completion_logprobs(event.get("logprobs") or [], offset) if req.logprobs else None
+            offset += len(event.get("text", ""))
+            body = {
+                "id": gen.request_id,
+                "object": "text_completion",
+                "created": gen.created,
+                "model": req.model,
+                "choices": [{"index": 0, "text": event.get("text", ""), "logprobs": lp,
+                             "finish_reason": _finish_reason(event.get("finish_reason"), False)}],
+            }  # fmt: skip
+            if req.include_usage:
+                body["usage"] = None
+            yield sse(body)
+            if event.get("finish_reason") and req.include_usage:
+                yield sse({"id": gen.request_id, "object": "text_completion", "created": gen.created,
+                           "model": req.model, "choices": [], "usage": _usage(event)})  # fmt: skip
+        yield sse("[DONE]")
+    finally:
+        await gen.close()
+
+
+def not_found(request, path: str = ""):
+    exc = OpenAIError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url")
+    return HttpResponse(json.dumps(exc.body()), status=404, content_type="application/json")

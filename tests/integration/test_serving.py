@@ -1,0 +1,323 @@
+"""The serving path end to end, through real processes: uvicorn (gateway), the control Celery
+worker, a node agent, and the replica process it starts with the demo model; the official
+`openai` client talks to it over HTTP, a `websockets` client over the websocket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+
+import httpx
+import openai
+import pytest
+import redis
+from django.conf import settings
+from websockets.sync.client import connect as ws_connect
+
+from tests.support.stack import free_port, processes, stack_env, wait_for
+from workers.demo import MODEL_DIR
+from workers.replica import protocol
+
+# django_db: so that the test database exists even when this module runs alone; the stack's
+# rows are committed by the module fixture (outside each test's transaction) and flushed after.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.django_db]
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    """A running platform with the `demo` deployment ready, and API keys to call it."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.deployments.models import Replica
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+    from controlplane.inventory.models import Node
+
+    state = tmp_path_factory.mktemp("serving")
+    node, port = f"serve-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="3")
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create_user("serving-owner", is_staff=True)
+        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        assert model.status == "ready", model.status_message
+        with processes(state, node, env, web_port=port):
+            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
+            demo = create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
+            other = create_deployment({"slug": "other", "model": model, "replicas": 0})
+            _, secret = create_api_key(name="all", owner=owner)
+            _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
+            _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
+            replica = wait_for(
+                lambda: Replica.objects.filter(deployment=demo, state="ready").first(), 90, "the demo replica"
+            )
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _up(base), 30, "the web server")
+            yield {
+                "base": base,
+                "port": port,
+                "key": secret,
+                "limited_key": limited,
+                "slow_key": slow,
+                "replica": replica,
+                "state": state,
+            }
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from workers.engine import LLM
+
+    return LLM(model=str(MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def client(stack):
+    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+
+
+def replica_status(replica_id: int) -> dict:
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
+
+
+def replica_load(replica_id: int) -> dict:
+    return json.loads(replica_status(replica_id).get("load") or "{}")
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
+
+
+def test_models_lists_the_deployments_the_key_may_use(client, stack):
+    assert {m.id for m in client.models.list().data} == {"demo", "other"}
+    limited = openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["limited_key"], max_retries=0)
+    assert [m.id for m in limited.models.list().data] == ["other"]
+
+
+def test_chat_completion_matches_the_engine_token_for_token(client, llm):
+    from workers.engine import SamplingParams
+
+    response = client.chat.completions.with_raw_response.create(
+        model="demo", messages=QUESTION, temperature=0, max_tokens=24
+    )
+    assert response.headers["x-switchyard-replica"].isdigit()
+    assert response.headers["x-switchyard-route-reason"] == "only_ready_replica"
+    chat = response.parse()
+    expected = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=24))[0]
+    assert chat.choices[0].message.content == expected.outputs[0].text
+    assert "Tokyo" in chat.choices[0].message.content  # the demo model answers
+    assert chat.choices[0].finish_reason == "stop"
+    assert chat.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert chat.usage.completion_tokens == len(expected.outputs[0].token_ids)
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+
+
+def test_streamed_chat_equals_the_whole_one_and_reports_usage(client):
+    whole = client.chat.completions.create(model="demo", messages=QUESTION, temperature=0, max_tokens=24)
+    chunks = list(
+        client.chat.completions.create(
+            model="demo",
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_repeated_prompt_reports_cached_tokens(client):
+    from workers.demo.corpus import tool_schemas
+
+    # The tools list makes the prompt span several KV blocks (16 tokens each).
+    usages = [
+        client.chat.completions.create(
+            model="demo", messages=QUESTION, tools=tool_schemas(), temperature=0, max_tokens=4
+        ).usage
+        for _ in range(2)
+    ]
+    assert usages[0].prompt_tokens > 32
+    assert usages[1].prompt_tokens_details.cached_tokens >= 32
+    assert usages[1].prompt_tokens_details.cached_tokens < usages[1].prompt_tokens
+
+
+def test_completion_matches_the_engine_with_logprobs(client, llm):
+    from workers.engine import SamplingParams
+
+    prompt = "<|user|>What is the capital of Peru?<|end|>\n<|assistant|>"
+    done = client.completions.create(model="demo", prompt=prompt, temperature=0, max_tokens=12, logprobs=2)
+    expected = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, logprobs=2))[0].outputs[0]
+    assert done.choices[0].text == expected.text
+    assert "Lima" in done.choices[0].text
+    lp = done.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(expected.token_ids) == done.usage.completion_tokens
+    for got, want, token in zip(lp.token_logprobs, expected.logprobs, expected.token_ids, strict=True):
+        assert got == pytest.approx(want[token], abs=1e-4)
+    assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+def test_tool_call_comes_back_as_tool_calls(client):
+    from workers.demo.corpus import tool_schemas
+
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    chat = client.chat.completions.create(model="demo", messages=messages, tools=tool_schemas(), temperature=0)
+    choice = chat.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    stream = client.chat.completions.create(
+        model="demo", messages=messages, tools=tool_schemas(), temperature=0, stream=True
+    )
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == [
+        (0, "get_weather", {"city": "Paris"})
+    ]
+    assert not "".join(d.content or "" for d in deltas).strip()
+
+
+def test_websocket_streams_the_same_tokens_as_sse(client, stack):
+    sse_text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="demo", messages=QUESTION, temperature=0, max_tokens=24, stream=True
+        )
+        if c.choices
+    )
+    url = f"ws://127.0.0.1:{stack['port']}/ws/generate/?api_key={stack['key']}"
+    with ws_connect(url, origin=stack["base"], open_timeout=10) as ws:
+        for rid in ("a", "b"):  # two requests at once on one socket
+            ws.send(json.dumps({"id": rid, "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 24}))
+        texts, done = {"a": "", "b": ""}, {}
+        while len(done) < 2:
+            event = json.loads(ws.recv(timeout=30))
+            assert event["type"] in ("start", "token", "done"), event
+            if event["type"] == "token":
+                texts[event["id"]] += event["text"]
+            elif event["type"] == "done":
+                done[event["id"]] = event
+    assert texts == {"a": sse_text, "b": sse_text}
+    assert done["a"]["finish_reason"] == "stop" and done["a"]["usage"]["completion_tokens"] > 0
+    assert done["a"]["timings"]["ttft_ms"] > 0
+
+
+def test_websocket_refuses_without_credentials(stack):
+    from websockets.exceptions import InvalidStatus
+
+    # A consumer that closes before accepting makes the server refuse the handshake.
+    for query in ("", "?api_key=sy-wrong"):
+        with pytest.raises(InvalidStatus) as refused:
+            ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/{query}", origin=stack["base"])
+        assert refused.value.response.status_code == 403
+
+
+def _post(stack, path, body, key="default", **kwargs):
+    headers = {} if key is None else {"Authorization": f"Bearer {stack['key'] if key == 'default' else key}"}
+    return httpx.post(stack["base"] + path, content=body if isinstance(body, bytes) else json.dumps(body),
+                      headers={**headers, "Content-Type": "application/json"}, timeout=30, **kwargs)  # fmt: skip
+
+
+def _error(response) -> dict:
+    body = response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_bad_input_gets_openai_errors_never_500(stack):
+    ok = {"model": "demo", "messages": QUESTION, "max_tokens": 2}
+    r = _post(stack, "/v1/chat/completions", b"{not json")
+    assert r.status_code == 400 and _error(r)["code"] == "invalid_json"
+    r = _post(stack, "/v1/chat/completions", {**ok, "temperature": "hot"})
+    assert r.status_code == 400 and _error(r)["param"] == "temperature"
+    r = _post(stack, "/v1/chat/completions", {**ok, "messages": [{"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and _error(r)["param"] == "messages[0].role"
+    r = _post(stack, "/v1/chat/completions", {**ok, "max_tokens": 0})
+    assert r.status_code == 400 and _error(r)["param"] == "max_tokens"
+    r = _post(stack, "/v1/chat/completions", {**ok, "model": "nope"})
+    assert r.status_code == 404 and _error(r)["code"] == "model_not_found"
+    r = _post(stack, "/v1/chat/completions", ok, key=None)
+    assert r.status_code == 401 and _error(r)["type"] == "authentication_error"
+    r = _post(stack, "/v1/chat/completions", ok, key="sy-not-a-real-key")
+    assert r.status_code == 401
+    r = _post(stack, "/v1/chat/completions", ok, key=stack["limited_key"])
+    assert r.status_code == 403 and _error(r)["code"] == "model_not_allowed"
+    long_prompt = {**ok, "messages": [{"role": "user", "content": "hello " * 700}]}
+    for stream in (False, True):
+        r = _post(stack, "/v1/chat/completions", {**long_prompt, "stream": stream})
+        assert r.status_code == 400 and _error(r)["code"] == "context_length_exceeded"
+        assert "context" in _error(r)["message"]
+    r = httpx.get(stack["base"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {stack['key']}"})
+    assert r.status_code == 405
+    r = _post(stack, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 3})
+    assert r.status_code == 400 and _error(r)["param"] == "n"
+
+
+def test_rate_limit_answers_429_with_retry_after(stack):
+    ok = {"model": "demo", "messages": QUESTION, "max_tokens": 2}
+    assert _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"]).status_code == 200
+    r = _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"])
+    assert r.status_code == 429 and _error(r)["type"] == "rate_limit_error"
+    assert 1 <= int(r.headers["Retry-After"]) <= 60
+
+
+def test_client_disconnect_aborts_the_request_in_the_replica(stack):
+    replica = stack["replica"]
+    body = {"model": "demo", "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {stack['key']}"}
+    with httpx.stream("POST", stack["base"] + "/v1/completions", json=body, headers=headers, timeout=30) as r:
+        assert r.status_code == 200
+        request_id = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        closed_at = time.monotonic()
+    log = stack["state"] / "logs" / f"replica-{replica.pk}.log"
+    wait_for(lambda: f"aborted {request_id}" in log.read_text(), 5, "the replica to abort the request")
+    assert time.monotonic() - closed_at < 2.0  # the issue asks for "within a second"; 1 s of slack
+    wait_for(lambda: replica_load(replica.pk).get("running") == 0, 5, "the slot to be freed")
+
+
+def test_killing_the_replica_mid_stream_ends_the_stream_with_an_error_and_it_restarts(client, stack):
+    replica = stack["replica"]
+    pid = json.loads(replica_status(replica.pk)["endpoint"])["pid"]
+    stream = client.completions.create(
+        model="demo", prompt="Hello", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
+    received = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as failed:
+        for _ in stream:
+            received += 1
+            if received == 2:
+                os.kill(pid, signal.SIGKILL)
+    assert received >= 2
+    assert "replica" in str(failed.value.message)
+    assert time.monotonic() - started < 15
+    # The agent restarts it; the deployment serves again.
+    from controlplane.deployments.models import Replica
+
+    wait_for(
+        lambda: Replica.objects.filter(pk=replica.pk, state="ready", restart_count=1).exclude(pid=pid).exists(),
+        60,
+        "the replica to be restarted",
+    )
+    again = client.chat.completions.create(model="demo", messages=QUESTION, temperature=0, max_tokens=8)
+    assert again.choices[0].message.content

@@ -1,0 +1,68 @@
+"""`python -m workers.replica --replica-id N [--spec FILE]`: run one engine replica.
+
+The node agent's supervisor starts it with `SWITCHYARD_REPLICA_SPEC` pointing at the spec it
+wrote (see protocol.ReplicaSpec); `--spec` does the same by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.replica", description=__doc__.splitlines()[0])
+    parser.add_argument("--replica-id", type=int, required=True)
+    parser.add_argument("--spec", type=Path, default=os.environ.get("SWITCHYARD_REPLICA_SPEC"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("workers.replica")
+    if args.spec is None or not Path(args.spec).is_file():
+        parser.error(f"no replica spec: pass --spec FILE or set SWITCHYARD_REPLICA_SPEC (got {args.spec})")
+
+    from workers.replica.protocol import ReplicaSpec
+
+    spec = ReplicaSpec.from_json(Path(args.spec).read_text())
+    if spec.replica_id != args.replica_id:
+        parser.error(f"spec {args.spec} is for replica {spec.replica_id}, not {args.replica_id}")
+
+    import redis
+    import torch
+
+    from workers.engine.config import EngineConfig
+    from workers.engine.errors import ModelLoadError, RequestError
+    from workers.engine.llm_engine import LLMEngine
+    from workers.replica.server import ReplicaServer, report_progress
+
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
+
+    def progress(stage: str, fraction: float) -> None:
+        log.info("loading: %s (%.0f%%)", stage, fraction * 100)
+        report_progress(client, spec.replica_id, stage, fraction)
+
+    config = EngineConfig(
+        model=spec.model,
+        device=spec.device,
+        dtype=spec.dtype,
+        block_size=spec.block_size,
+        max_num_seqs=spec.max_num_seqs,
+        max_model_len=spec.max_model_len,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        kv_cache_bytes=spec.kv_cache_bytes,
+    )
+    try:
+        engine = LLMEngine(config, progress=progress)
+    except (ModelLoadError, RequestError, OSError, ValueError) as exc:
+        log.error("cannot load %s: %s", spec.model, exc)
+        return 2
+    ReplicaServer(spec, engine, client).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
