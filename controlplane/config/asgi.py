@@ -12,10 +12,20 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from controlplane.config.routing import websocket_urlpatterns  # noqa: E402
+from controlplane.gateway.asgi import GatewayASGIHandler  # noqa: E402
+
+gateway_asgi = GatewayASGIHandler()
+
+
+async def http(scope, receive, send):
+    """/v1/* (the OpenAI API) skips the browser middleware; the rest is the full Django stack."""
+    handler = gateway_asgi if scope["path"].startswith("/v1/") else django_asgi
+    return await handler(scope, receive, send)
+
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi,
+        "http": http,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

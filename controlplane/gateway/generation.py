@@ -43,7 +43,9 @@ def caller_from_secret(secret: str | None) -> Caller:
     if key is None:
         raise OpenAIError(401, "Invalid or revoked API key.", code="invalid_api_key")
     allowed = frozenset(key.allowed_deployments.values_list("id", flat=True)) or None
-    ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:  # a write per minute at most
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return Caller(key, allowed, f"key:{key.prefix}")
 
 
@@ -66,8 +68,7 @@ def visible_deployments(caller: Caller) -> list[Deployment]:
     return list(qs.order_by("slug"))
 
 
-@sync_to_async
-def resolve_deployment(name: str, caller: Caller) -> Deployment:
+def _resolve(name: str, caller: Caller) -> Deployment:
     deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
     if deployment is None:
         raise OpenAIError(404, f"The model '{name}' does not exist (see GET /v1/models).", "model", "model_not_found")
@@ -78,6 +79,16 @@ def resolve_deployment(name: str, caller: Caller) -> Deployment:
             503, f"The model '{name}' is stopped.", "model", "model_stopped", headers={"Retry-After": "10"}
         )
     return deployment
+
+
+resolve_deployment = sync_to_async(_resolve)
+
+
+@sync_to_async
+def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, list[int]]:
+    """One trip to the database thread per request: each costs a thread hop."""
+    deployment = _resolve(name, caller)
+    return deployment, router.candidate_ids(deployment.pk)
 
 
 @dataclass
@@ -121,12 +132,12 @@ class Generation:
 
 async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:
     hub = get_hub()
-    deployment = await resolve_deployment(req.model, caller)
+    deployment, candidates = await _deployment_and_replicas(req.model, caller)
     await ratelimit.check(hub.redis, caller.key)
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     tried: set[int] = set()
     for _ in range(ATTEMPTS):
-        route = await router.choose(hub, deployment, session, frozenset(tried))
+        route = await router.choose(hub, deployment, candidates, session, frozenset(tried))
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         stream = await hub.submit(route.replica_id, request_id, req.replica_message(), route.incarnation)
         try:

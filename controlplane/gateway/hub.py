@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,8 @@ from workers.replica import protocol
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK_SECONDS = 0.5
+# Requests wait for a free connection rather than fail when thousands of streams are open.
+MAX_CONNECTIONS = 64
 
 
 class ReplicaGone(Exception):
@@ -67,11 +70,17 @@ class RequestStream:
 
 class ReplicaHub:
     def __init__(self, url: str):
-        self.redis = aioredis.Redis.from_url(url, decode_responses=True)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=30
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.channel = f"switchyard:gateway:{uuid.uuid4().hex}"
         self.queues: dict[str, asyncio.Queue] = {}
         self._listener: asyncio.Task | None = None
         self._subscribed = asyncio.Event()
+        # replica id -> (read at, status hash): one status read per replica per interval, however
+        # many of its streams are waiting.
+        self._liveness: dict[int, tuple[float, dict]] = {}
 
     async def start(self) -> None:
         if self._listener is None:
@@ -132,7 +141,12 @@ class ReplicaHub:
 
     async def replica_problem(self, replica_id: int, incarnation: str | None) -> str | None:
         """Why the replica can no longer answer, or None while it is alive."""
-        status = await self.redis.hgetall(protocol.status_key(replica_id))
+        now = time.monotonic()
+        checked = self._liveness.get(replica_id)
+        if checked is None or now - checked[0] >= LIVENESS_CHECK_SECONDS:
+            status = await self.redis.hgetall(protocol.status_key(replica_id))
+            checked = self._liveness[replica_id] = (now, status)
+        status = checked[1]
         if not status or status.get("state") not in ("ready", "draining"):
             return f"replica {replica_id} stopped while serving this request"
         if incarnation and status.get("incarnation") != incarnation:

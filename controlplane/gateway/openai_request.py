@@ -54,6 +54,7 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     user: str | None = None
+    timing: bool = False  # `x-switchyard-timing: 1`: stream chunks carry when the replica produced them
 
     def replica_message(self) -> dict:
         message = {"params": self.params}

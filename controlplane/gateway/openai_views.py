@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 
+import redis
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -40,6 +41,10 @@ def openai_view(methods: tuple[str, ...]):
                 return await view(request, *args, **kwargs)
             except OpenAIError as exc:
                 return error_response(exc)
+            except redis.RedisError as exc:
+                log.exception("Redis failed under %s", request.path)
+                return error_response(OpenAIError(503, f"The request broker is unavailable ({exc}); retry shortly.",
+                                                  code="broker_unavailable", headers={"Retry-After": "2"}))  # fmt: skip
 
         handler.__name__ = view.__name__
         handler.__doc__ = view.__doc__
@@ -83,6 +88,14 @@ def _chat_logprobs(entries: list[dict]) -> list[dict]:
     return [{**one(e), "top_logprobs": [one(t) for t in e["top"]]} for e in entries]
 
 
+def _timing(req: GenerationRequest, body: dict, event: dict) -> dict:
+    """Opt-in (`x-switchyard-timing: 1`): when the replica produced this chunk's token(s), so a
+    client can measure the delivery latency of the path (the gateway benchmark does)."""
+    if req.timing and "t" in event:
+        body["x_switchyard"] = {"replica_time": event["t"]}
+    return body
+
+
 def sse(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
 
@@ -116,6 +129,7 @@ async def retrieve_model(request, model_id: str):
 async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generation]:
     caller = await _caller(request)  # 401 before looking at the body
     req = parse(parse_json(request.body))
+    req.timing = request.headers.get("x-switchyard-timing") == "1"
     session = request.headers.get("x-session-affinity") or None
     return req, await generation.start(req, caller, session)
 
@@ -188,7 +202,7 @@ async def _chat_whole(req, gen, shaper: ChatShaper) -> dict:
 
 
 async def _chat_stream(req, gen, shaper: ChatShaper):
-    def chunk(delta: dict, finish=None, logprobs=None) -> bytes:
+    def chunk(delta: dict, finish=None, logprobs=None, event=None) -> bytes:
         body = {
             "id": gen.request_id,
             "object": "chat.completion.chunk",
@@ -198,7 +212,7 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
         }
         if req.include_usage:
             body["usage"] = None
-        return sse(body)
+        return sse(_timing(req, body, event or {}))
 
     try:
         yield chunk({"role": "assistant", "content": ""})
@@ -212,7 +226,7 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
                     index = shaper.calls.index(piece)
                     yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]})
                 elif piece:
-                    yield chunk({"content": piece}, logprobs=lp)
+                    yield chunk({"content": piece}, logprobs=lp, event=event)
                     lp = None
             if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
                 yield chunk({}, logprobs=lp)
@@ -287,7 +301,7 @@ async def _completion_stream(req, gen):
             }  # fmt: skip
             if req.include_usage:
                 body["usage"] = None
-            yield sse(body)
+            yield sse(_timing(req, body, event))
             if event.get("finish_reason") and req.include_usage:
                 yield sse({"id": gen.request_id, "object": "text_completion", "created": gen.created,
                            "model": req.model, "choices": [], "usage": _usage(event)})  # fmt: skip

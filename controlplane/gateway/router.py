@@ -8,15 +8,17 @@ returned to the client in `x-switchyard-route-reason`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
-
-from asgiref.sync import sync_to_async
 
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.gateway.hub import ReplicaHub
 from controlplane.gateway.openai_request import OpenAIError
 from workers.replica import protocol
+
+STALE_RETRIES = 5
+STALE_RETRY_SECONDS = 0.2
 
 
 @dataclass
@@ -31,8 +33,8 @@ def affinity_key(deployment: str, session: str) -> str:
     return f"switchyard:affinity:{deployment}:{session}"
 
 
-@sync_to_async
-def _candidate_ids(deployment_id: int) -> list[int]:
+def candidate_ids(deployment_id: int) -> list[int]:
+    """Ready replicas that decode (colocated or decode role); the caller is synchronous."""
     roles = (Replica.Role.COLOCATED, Replica.Role.DECODE)
     return list(
         Replica.objects.filter(deployment_id=deployment_id, state=Replica.State.READY, role__in=roles)
@@ -50,14 +52,29 @@ def _load_score(status: dict) -> tuple:
     return (queued, -int(load.get("kv_blocks_free", 0)))
 
 
-async def choose(
-    hub: ReplicaHub, deployment: Deployment, session: str | None = None, exclude: frozenset[int] = frozenset()
-) -> Route:
-    ids = [i for i in await _candidate_ids(deployment.pk) if i not in exclude]
+async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, dict]]:
     statuses = await hub.statuses(ids) if ids else []
-    live = [
+    return [
         (rid, st) for rid, st in zip(ids, statuses, strict=True) if st.get("state") == "ready" and protocol.is_fresh(st)
     ]
+
+
+async def choose(
+    hub: ReplicaHub,
+    deployment: Deployment,
+    candidates: list[int],
+    session: str | None = None,
+    exclude: frozenset[int] = frozenset(),
+) -> Route:
+    ids = [i for i in candidates if i not in exclude]
+    live = await _live(hub, ids)
+    for _ in range(STALE_RETRIES):
+        if live or not ids:
+            break
+        # Ready in the database but no fresh heartbeat: a replica under a burst of load can be
+        # late by a moment; look again briefly before refusing the request.
+        await asyncio.sleep(STALE_RETRY_SECONDS)
+        live = await _live(hub, ids)
     if not live:
         raise OpenAIError(
             503,

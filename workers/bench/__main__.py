@@ -14,9 +14,21 @@ def main(argv=None) -> int:
     eng.add_argument("--quick", action="store_true", help="fewer tokens (for smoke runs)")
     eng.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     eng.add_argument("--json", action="store_true", help="print only the JSON line")
+    gw = sub.add_parser("gateway", help="latency the serving path adds per token; concurrent streams held")
+    gw.add_argument("--model", help="HF model directory (default: the demo model)")
+    gw.add_argument("--threads", type=int, default=1, help="torch threads of the replica and the engine baseline")
+    gw.add_argument("--tokens", type=int, default=128, help="tokens per latency request")
+    gw.add_argument("--repeat", type=int, default=5, help="latency requests per side")
+    gw.add_argument("--streams", default="100,200,400", help="concurrency levels, comma-separated")
+    gw.add_argument("--stream-tokens", type=int, default=32, help="tokens per concurrent stream")
+    gw.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if args.name == "engine":
         from workers.bench.engine import run
+
+        return run(args)
+    if args.name == "gateway":
+        from workers.bench.gateway import run
 
         return run(args)
     return 2
