@@ -9,7 +9,7 @@ APT_PACKAGES := redis-server
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: setup run test lint format check unit bench-engine gpu-check clean
+.PHONY: setup run test lint format check unit bench-engine bench-gateway demo-model gpu-check clean
 
 setup: $(STAMP) apt
 
@@ -50,6 +50,13 @@ test: setup lint check
 
 bench-engine: setup
 	$(PY) -m workers.bench engine
+
+bench-gateway: setup
+	$(PY) -m workers.bench gateway
+
+# Retrain the committed demo model (workers/demo/model) from its seeded corpus.
+demo-model: setup
+	$(PY) -m workers.demo.train
 
 gpu-check: setup
 	bash scripts/gpu_check.sh

@@ -31,6 +31,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     """A running platform with the `demo` deployment ready, and API keys to call it."""
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
+    from django.test import Client
 
     from controlplane.catalog.services import register_model, validate_model
     from controlplane.deployments.models import Replica
@@ -52,6 +53,8 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             _, secret = create_api_key(name="all", owner=owner)
             _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
             _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
+            browser = Client()
+            browser.force_login(owner)  # a console session, committed for the web server to see
             replica = wait_for(
                 lambda: Replica.objects.filter(deployment=demo, state="ready").first(), 90, "the demo replica"
             )
@@ -63,6 +66,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
                 "key": secret,
                 "limited_key": limited,
                 "slow_key": slow,
+                "session": browser.cookies["sessionid"].value,
                 "replica": replica,
                 "state": state,
             }
@@ -103,6 +107,28 @@ def test_models_lists_the_deployments_the_key_may_use(client, stack):
     assert {m.id for m in client.models.list().data} == {"demo", "other"}
     limited = openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["limited_key"], max_retries=0)
     assert [m.id for m in limited.models.list().data] == ["other"]
+
+
+def test_replica_reported_its_loading_and_load(stack):
+    from controlplane.deployments.models import Replica
+
+    replica = Replica.objects.get(pk=stack["replica"].pk)
+    assert replica.progress == {"stage": "loaded", "fraction": 1.0}
+    assert replica.endpoint["stream"] == protocol.requests_key(replica.pk)
+    load = replica_load(replica.pk)
+    assert {"running", "waiting", "kv_blocks_total", "kv_blocks_free", "tokens_per_second"} <= set(load)
+    assert load["kv_blocks_total"] >= load["kv_blocks_free"] > 0
+
+
+def test_session_affinity_header_is_recorded(client, stack):
+    from controlplane.gateway.router import affinity_key
+
+    response = client.chat.completions.with_raw_response.create(
+        model="demo", messages=QUESTION, max_tokens=2, extra_headers={"x-session-affinity": "conv-42"}
+    )
+    assert response.headers["x-switchyard-route-reason"].endswith(";session_recorded")
+    stored = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).get(affinity_key("demo", "conv-42"))
+    assert stored == response.headers["x-switchyard-replica"]
 
 
 def test_chat_completion_matches_the_engine_token_for_token(client, llm):
@@ -217,6 +243,17 @@ def test_websocket_streams_the_same_tokens_as_sse(client, stack):
     assert texts == {"a": sse_text, "b": sse_text}
     assert done["a"]["finish_reason"] == "stop" and done["a"]["usage"]["completion_tokens"] > 0
     assert done["a"]["timings"]["ttft_ms"] > 0
+
+    # The console signs in with its session instead of a key.
+    cookie = {"Cookie": f"sessionid={stack['session']}"}
+    with ws_connect(
+        f"ws://127.0.0.1:{stack['port']}/ws/generate/", origin=stack["base"], additional_headers=cookie
+    ) as ws:
+        ws.send(json.dumps({"id": "s", "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 24}))
+        text = ""
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "done":
+            text += event.get("text", "")
+    assert text == sse_text
 
 
 def test_websocket_refuses_without_credentials(stack):
