@@ -53,6 +53,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             _, secret = create_api_key(name="all", owner=owner)
             _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
             _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
+            _, thrifty = create_api_key(name="thrifty", owner=owner, tpm_limit=10)
             browser = Client()
             browser.force_login(owner)  # a console session, committed for the web server to see
             replica = wait_for(
@@ -66,6 +67,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
                 "key": secret,
                 "limited_key": limited,
                 "slow_key": slow,
+                "thrifty_key": thrifty,
                 "session": browser.cookies["sessionid"].value,
                 "replica": replica,
                 "state": state,
@@ -309,10 +311,16 @@ def test_bad_input_gets_openai_errors_never_500(stack):
 
 def test_rate_limit_answers_429_with_retry_after(stack):
     ok = {"model": "demo", "messages": QUESTION, "max_tokens": 2}
+    # Limits count per wall-clock minute: keep both requests of a pair inside one.
+    wait_for(lambda: time.time() % 60 < 50, 15, "the start of a rate-limit minute", interval=0.5)
     assert _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"]).status_code == 200
     r = _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"])
     assert r.status_code == 429 and _error(r)["type"] == "rate_limit_error"
     assert 1 <= int(r.headers["Retry-After"]) <= 60
+    # Tokens per minute: the first request (11 prompt + 2 completion tokens) spends the budget.
+    assert _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"]).status_code == 200
+    r = _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"])
+    assert r.status_code == 429 and "tokens" in _error(r)["message"] and "Retry-After" in r.headers
 
 
 def test_client_disconnect_aborts_the_request_in_the_replica(stack):
