@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server
+# libibverbs + libnl: the Mooncake Transfer Engine loads them even for TCP transfers.
+APT_PACKAGES := redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200
 # The test suite runs on PostgreSQL (make run defaults to SQLite); override as you need.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14

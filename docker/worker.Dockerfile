@@ -8,7 +8,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3.11 pyth
 WORKDIR /app
 COPY requirements.txt .
 RUN python3.11 -m venv /venv && /venv/bin/pip install torch==2.13.0 \
-    && grep -v '^torch==' requirements.txt > /tmp/req.txt && /venv/bin/pip install -r /tmp/req.txt \
+    && grep -v -e '^torch==' -e '^mooncake-transfer-engine-non-cuda' requirements.txt > /tmp/req.txt && /venv/bin/pip install -r /tmp/req.txt \
     && /venv/bin/pip install mooncake-transfer-engine
 COPY . .
 ENV PATH=/venv/bin:$PATH

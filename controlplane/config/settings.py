@@ -141,6 +141,11 @@ SWITCHYARD = {
     # A CPU replica's KV cache budget, and its torch threads (0: torch's default).
     "REPLICA_CPU_KV_BYTES": env.int("REPLICA_CPU_KV_BYTES", default=512 << 20),
     "REPLICA_CPU_THREADS": env.int("REPLICA_CPU_THREADS", default=0),
+    # Disaggregated deployments: KV blocks move with Mooncake over this protocol; a decode
+    # replica that gets no KV within the timeout prefills the request itself.
+    "KV_TRANSFER_PROTOCOL": env("KV_TRANSFER_PROTOCOL", default="tcp"),
+    "KV_TRANSFER_HOST": env("KV_TRANSFER_HOST", default="127.0.0.1"),
+    "KV_TRANSFER_TIMEOUT": env.float("KV_TRANSFER_TIMEOUT", default=2.0),
     "LOG_DIR": str(STATE_DIR / "logs"),
 }
 

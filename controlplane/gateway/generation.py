@@ -85,7 +85,7 @@ resolve_deployment = sync_to_async(_resolve)
 
 
 @sync_to_async
-def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, list[int]]:
+def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, dict[str, list[int]]]:
     """One trip to the database thread per request: each costs a thread hop."""
     deployment = _resolve(name, caller)
     return deployment, router.candidate_ids(deployment.pk)
@@ -139,7 +139,10 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
     for _ in range(ATTEMPTS):
         route = await router.choose(hub, deployment, candidates, session, frozenset(tried))
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        stream = await hub.submit(route.replica_id, request_id, req.replica_message(), route.incarnation)
+        message = req.replica_message()
+        if route.prefill_replica_id is not None:
+            message["prefill"] = {"replica_id": route.prefill_replica_id}
+        stream = await hub.submit(route.replica_id, request_id, message, route.incarnation)
         try:
             first = await stream.next_event()
         except BaseException:  # the client went away (cancelled) before the replica answered

@@ -58,11 +58,15 @@ async def _caller(request) -> generation.Caller:
 
 
 def _headers(gen: generation.Generation) -> dict:
-    return {
+    headers = {
         "x-request-id": gen.request_id,
         "x-switchyard-replica": str(gen.route.replica_id),
         "x-switchyard-route-reason": gen.route.reason,
     }
+    if gen.deployment.mode == "disaggregated":
+        pid = gen.route.prefill_replica_id
+        headers["x-switchyard-prefill-replica"] = str(pid) if pid is not None else "none"
+    return headers
 
 
 def _usage(event: dict) -> dict:

@@ -27,29 +27,41 @@ class Route:
     reason: str
     incarnation: str | None
     max_model_len: int | None = None
+    prefill_replica_id: int | None = None  # disaggregated: who computes the prompt
 
 
 def affinity_key(deployment: str, session: str) -> str:
     return f"switchyard:affinity:{deployment}:{session}"
 
 
-def candidate_ids(deployment_id: int) -> list[int]:
-    """Ready replicas that decode (colocated or decode role); the caller is synchronous."""
-    roles = (Replica.Role.COLOCATED, Replica.Role.DECODE)
-    return list(
-        Replica.objects.filter(deployment_id=deployment_id, state=Replica.State.READY, role__in=roles)
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
+def candidate_ids(deployment_id: int) -> dict[str, list[int]]:
+    """Ready replicas by what they do: "decode" (colocated or decode role) and "prefill".
+    The caller is synchronous."""
+    out: dict[str, list[int]] = {"decode": [], "prefill": []}
+    rows = Replica.objects.filter(deployment_id=deployment_id, state=Replica.State.READY).order_by("id")
+    for rid, role in rows.values_list("id", "role"):
+        out["prefill" if role == Replica.Role.PREFILL else "decode"].append(rid)
+    return out
+
+
+def _load(status: dict) -> dict:
+    try:
+        return json.loads(status.get("load") or "{}")
+    except ValueError:
+        return {}
 
 
 def _load_score(status: dict) -> tuple:
-    try:
-        load = json.loads(status.get("load") or "{}")
-    except ValueError:
-        load = {}
-    queued = int(load.get("running", 0)) + int(load.get("waiting", 0))
+    """Decode side: requests in flight (handoffs included), then most free KV blocks."""
+    load = _load(status)
+    queued = int(load.get("running", 0)) + int(load.get("waiting", 0)) + int(load.get("handoffs_waiting", 0))
     return (queued, -int(load.get("kv_blocks_free", 0)))
+
+
+def _prefill_score(status: dict) -> tuple:
+    """Prefill side: prompt tokens it is still computing, then requests waiting."""
+    load = _load(status)
+    return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
 
 
 async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, dict]]:
@@ -62,11 +74,11 @@ async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, dict]]:
 async def choose(
     hub: ReplicaHub,
     deployment: Deployment,
-    candidates: list[int],
+    candidates: dict[str, list[int]],
     session: str | None = None,
     exclude: frozenset[int] = frozenset(),
 ) -> Route:
-    ids = [i for i in candidates if i not in exclude]
+    ids = [i for i in candidates["decode"] if i not in exclude]
     live = await _live(hub, ids)
     for _ in range(STALE_RETRIES):
         if live or not ids:
@@ -92,4 +104,12 @@ async def choose(
         ttl = deployment.cache_policy.session_affinity_ttl_seconds if deployment.cache_policy else 600
         await hub.redis.set(affinity_key(deployment.slug, session), rid, ex=max(ttl, 1))
         reason += ";session_recorded"
-    return Route(rid, reason, status.get("incarnation"), endpoint.get("max_model_len"))
+    route = Route(rid, reason, status.get("incarnation"), endpoint.get("max_model_len"))
+    if deployment.mode == Deployment.Mode.DISAGGREGATED:
+        prefills = await _live(hub, candidates["prefill"])
+        if prefills:
+            route.prefill_replica_id = min(prefills, key=lambda pair: (_prefill_score(pair[1]), pair[0]))[0]
+            route.reason += ";prefill_least_tokens"
+        else:  # the decode replica prefills by itself
+            route.reason += ";no_prefill_replica"
+    return route

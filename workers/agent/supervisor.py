@@ -53,6 +53,9 @@ def build_spec(replica: Replica, settings: dict, redis_url: str) -> ReplicaSpec:
         max_model_len=deployment.max_model_len,
         kv_cache_bytes=settings["REPLICA_CPU_KV_BYTES"],
         threads=settings["REPLICA_CPU_THREADS"],
+        kv_protocol=settings["KV_TRANSFER_PROTOCOL"],
+        kv_host=settings["KV_TRANSFER_HOST"],
+        kv_transfer_timeout=settings["KV_TRANSFER_TIMEOUT"],
         redis_url=redis_url,
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )

@@ -165,6 +165,23 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    # -- disaggregation: blocks filled by another replica ---------------------------------------
+    def reserve(self, num_tokens: int) -> list[int] | None:
+        """Fresh blocks for `num_tokens` whose K/V another replica will write (None if full)."""
+        need = self.blocks_needed(num_tokens)
+        if need > self.num_free_blocks:
+            return None
+        return [self._new_block() for _ in range(need)]
+
+    def release(self, block_ids: list[int]) -> None:
+        """Give back reserved blocks that were never handed to a sequence."""
+        for bid in block_ids:
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                block.hash, block.token_ids = None, ()
+                self.free_uncached.append(bid)
+
     def reset_prefix_cache(self) -> None:
         for bid in list(self.free_cached):
             block = self.blocks[bid]

@@ -73,12 +73,29 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, Sequence] = {}
+        # Finished sequences whose blocks are kept for export (prefill role), by request id.
+        self.held: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
         progress("loaded", 1.0)
 
     # -- requests -----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
-        if request_id in self.requests:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        hold_blocks: bool = False,
+    ) -> Sequence:
+        """Queue a request. `hold_blocks`: when it finishes, keep its KV blocks until
+        `release_held(request_id)` (a prefill replica sends them to a decode replica first)."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
+        seq.hold_blocks = hold_blocks
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
+        if request_id in self.requests or request_id in self.held:
             raise RequestError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise RequestError("the prompt is empty")
@@ -96,14 +113,67 @@ class LLMEngine:
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, sampling_params.skip_special_tokens
             )
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
         return seq
 
+    # -- disaggregated prefill/decode -----------------------------------------------------------
+    def reserve_blocks(self, num_tokens: int) -> list[int] | None:
+        """Blocks for a prompt of `num_tokens` another replica will compute (None: cache full)."""
+        return self.block_manager.reserve(num_tokens)
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        self.block_manager.release(block_ids)
+
+    def release_held(self, request_id: str) -> None:
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self.block_manager.free(seq)
+
+    def add_prefilled_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        block_ids: list[int],
+        first_token: int,
+        first_logprobs: dict[int, float] | None = None,
+        num_cached_tokens: int = 0,
+    ) -> RequestDelta:
+        """Admit a request whose prompt K/V another replica wrote into `block_ids` (from
+        `reserve_blocks`) and which sampled `first_token`; returns that token's delta. The
+        sequence then decodes here like any other."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
+        if len(block_ids) != self.block_manager.blocks_needed(len(prompt_token_ids)):
+            raise RequestError(f"{len(block_ids)} blocks do not hold a prompt of {len(prompt_token_ids)} tokens")
+        seq.block_table = list(block_ids)
+        seq.num_computed_tokens = 0
+        self.block_manager.mark_computed(seq, len(prompt_token_ids))  # hashes the full blocks
+        seq.num_cached_tokens = num_cached_tokens
+        self.requests[request_id] = seq
+        self.scheduler.add_running(seq)
+        self.num_generated_tokens += 1
+        return self._append_token(seq, first_token, first_logprobs or {first_token: 0.0})
+
+    def kv_layout(self) -> dict:
+        """What a peer must match to exchange KV blocks with this engine."""
+        kv = self.runner.kv_cache
+        return {
+            "architecture": self.model_config.architecture,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "block_size": self.config.block_size,
+            "num_layers": kv.shape[0],
+            "num_kv_heads": kv.shape[4],
+            "head_dim": kv.shape[5],
+            "num_blocks": kv.shape[2],
+            "tp_rank": 0,
+            "tp_size": 1,
+        }
+
     def abort_request(self, request_id: str) -> bool:
+        self.release_held(request_id)
         seq = self.requests.pop(request_id, None)
         if seq is None or seq.is_finished:
             return False
+        seq.hold_blocks = False
         seq.finish_reason = "abort"
         self.scheduler.finish(seq)
         return True
@@ -162,8 +232,10 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
         )
         if finished:
-            self.scheduler.finish(seq)
+            self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             self.requests.pop(seq.request_id, None)
+            if seq.hold_blocks:
+                self.held[seq.request_id] = seq
         return delta
 
     def _check_stop_strings(self, seq: Sequence) -> bool:

@@ -61,15 +61,22 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def finish(self, seq: Sequence) -> None:
-        """Drop a finished or aborted sequence and release its blocks."""
+    def finish(self, seq: Sequence, free_blocks: bool = True) -> None:
+        """Drop a finished or aborted sequence and release its blocks (unless the caller keeps
+        them, as a prefill replica does until they are sent)."""
         seq.status = SequenceStatus.FINISHED
         if seq in self.running:
             self.running.remove(seq)
         else:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        if free_blocks:
+            self.block_manager.free(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Admit a sequence whose prompt K/V is already in its blocks (computed elsewhere)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -41,6 +41,7 @@ class Sequence:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
+        self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
 
     @property
     def num_tokens(self) -> int:

@@ -60,7 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelLoadError, RequestError, OSError, ValueError) as exc:
         log.error("cannot load %s: %s", spec.model, exc)
         return 2
-    ReplicaServer(spec, engine, client).serve()
+    server = ReplicaServer(spec, engine, client)
+    if spec.role in ("prefill", "decode"):
+        from workers.kvtransfer import KVTransferError
+        from workers.kvtransfer.mooncake import MooncakeKV
+        from workers.replica.disagg import Disaggregation
+
+        try:
+            kv = MooncakeKV(engine.runner.kv_cache, engine.kv_layout(), spec.kv_host, spec.kv_protocol)
+        except KVTransferError as exc:
+            log.error("cannot serve as %s: %s", spec.role, exc)
+            return 2
+        server.disagg = Disaggregation(server, kv, spec.kv_transfer_timeout)
+    server.serve()
     return 0
 
 

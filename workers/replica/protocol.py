@@ -70,6 +70,10 @@ class ReplicaSpec:
     max_model_len: int | None = None
     kv_cache_bytes: int = 512 << 20
     threads: int = 0  # torch threads on CPU; 0 keeps torch's default
+    # Disaggregated roles: how KV blocks move (Mooncake Transfer Engine).
+    kv_protocol: str = "tcp"
+    kv_host: str = "127.0.0.1"
+    kv_transfer_timeout: float = 2.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     extra: dict = field(default_factory=dict)
 

@@ -56,6 +56,7 @@ class ReplicaServer:
         self._pending: list[tuple[str, dict]] = []  # events of this loop pass, sent as one batch
         self._stopping = threading.Event()
         self.intake_error: BaseException | None = None
+        self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
         self.status_key = protocol.status_key(spec.replica_id)
         self.stream = protocol.requests_key(spec.replica_id)
         self.inflight: dict[str, Inflight] = {}
@@ -83,8 +84,10 @@ class ReplicaServer:
                 raise RuntimeError("the intake thread failed") from self.intake_error
             busy = self.engine.has_unfinished_requests()
             self._take_incoming(wait=not busy)
+            if self.disagg is not None:
+                self.disagg.tick()
             if self.engine.has_unfinished_requests():
-                self._collect(self.engine.step())
+                self.collect(self.engine.step())
             self._flush()
             self._heartbeat("draining" if self.draining else "ready")
         self._stopping.set()
@@ -123,10 +126,17 @@ class ReplicaServer:
         except queue.Empty:
             return
         while True:
-            if message.get("type") == "abort":
+            kind = message.get("type")
+            if kind == "abort":
                 self._abort(message.get("id", ""))
-            elif message.get("type") == "generate":
+            elif kind == "generate":
                 self._admit(message)
+            elif self.disagg is not None and kind == "prefill":
+                self.disagg.on_prefill(message)
+            elif self.disagg is not None and kind == "prefilled":
+                self.disagg.on_prefilled(message)
+            elif self.disagg is not None and kind == "prefill_failed":
+                self.disagg.on_prefill_failed(message)
             try:
                 message = self.incoming.get_nowait()
             except queue.Empty:
@@ -144,7 +154,9 @@ class ReplicaServer:
             prompt_ids = self._prompt_ids(message)
             params = dict(message.get("params") or {})
             top = params.get("logprobs")
-            seq = self.engine.add_request(rid, prompt_ids, SamplingParams(**params))
+            prefill = (message.get("prefill") or {}).get("replica_id")
+            if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, params, int(prefill))):
+                self.engine.add_request(rid, prompt_ids, SamplingParams(**params))
         except RequestError as exc:
             code = "context_length_exceeded" if "context" in str(exc) else "invalid_request"
             self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": str(exc), "code": code})
@@ -153,7 +165,7 @@ class ReplicaServer:
             self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": f"bad parameters: {exc}"})
             return
         self.inflight[rid] = Inflight(reply_to, time.monotonic(), top)
-        self._send(reply_to, {"id": rid, "type": "accepted", "prompt_tokens": seq.num_prompt_tokens})
+        self._send(reply_to, {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)})
 
     def _prompt_ids(self, message: dict) -> list[int]:
         if message.get("prompt_token_ids") is not None:
@@ -166,14 +178,23 @@ class ReplicaServer:
 
     def _abort(self, rid: str) -> None:
         if self.inflight.pop(rid, None) is not None:
-            self.engine.abort_request(rid)
+            if not (self.disagg is not None and self.disagg.abort(rid)):
+                self.engine.abort_request(rid)
             log.info("aborted %s (client went away)", rid)
 
+    def fail(self, rid: str, message: str) -> None:
+        """End one request with an error event (the others carry on)."""
+        req = self.inflight.pop(rid, None)
+        if req is not None:
+            self._send(req.reply_to, {"id": rid, "type": "error", "status": 500, "message": message})
+
     # -- output -------------------------------------------------------------------------------
-    def _collect(self, deltas) -> None:
-        """Turn one step's deltas into events for the publisher."""
+    def collect(self, deltas) -> None:
+        """Turn deltas into events, published at the end of this loop pass."""
         now, wall = time.monotonic(), round(time.time(), 6)
         for d in deltas:
+            if self.disagg is not None and self.disagg.on_prefill_delta(d):
+                continue  # a prompt computed for a decode replica: its blocks went there
             req = self.inflight.get(d.request_id)
             if req is None:
                 continue
@@ -199,6 +220,8 @@ class ReplicaServer:
                     "ttft_ms": round((req.first_token_at - req.arrived) * 1000, 3),
                     "total_ms": round((now - req.arrived) * 1000, 3),
                 }
+                if req.meta:
+                    event["disaggregation"] = req.meta
             self._pending.append((req.reply_to, event))
 
     def _flush(self) -> None:
@@ -240,6 +263,7 @@ class ReplicaServer:
             self.tokens_per_second = (stats["generated_tokens"] - mark_n) / (now - mark_t)
             self._rate_mark = (now, stats["generated_tokens"])
         load = {
+            "role": self.spec.role,
             "running": stats["running"],
             "waiting": stats["waiting"],
             "kv_blocks_total": stats["kv_blocks_total"],
@@ -248,7 +272,13 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
+        if self.disagg is not None:
+            load["prefill_tokens_inflight"] = self.disagg.prefill_tokens_inflight()
+            load["handoffs_waiting"] = len(self.disagg.waiting)
+            load["kv_transfer"] = self.disagg.stats.as_dict()
         endpoint = {"stream": self.stream, "pid": os.getpid(), "max_model_len": self.engine.max_model_len}
+        if self.disagg is not None:
+            endpoint["kv_session"] = self.disagg.kv.session
         self.redis.hset(
             self.status_key,
             mapping={

@@ -1,0 +1,48 @@
+"""KV layout agreement and block addressing.
+
+The engine keeps one KV tensor per replica, shaped [layers, 2 (k, v), blocks, block_size,
+kv_heads, head_dim] and contiguous, so block `b` of layer `l`, half `kv` starts at
+base + ((l * 2 + kv) * num_blocks + b) * block_bytes. Two replicas may have different numbers
+of blocks; everything else in the layout must match or the bytes would mean something else.
+"""
+
+from __future__ import annotations
+
+# Keys of LLMEngine.kv_layout() that must be equal on both sides.
+MUST_MATCH = ("architecture", "dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "tp_rank", "tp_size")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class KVTransferError(Exception):
+    """A transfer could not be done; the decode replica then prefills by itself."""
+
+
+class LayoutMismatch(KVTransferError):
+    pass
+
+
+def layout_mismatch(local: dict, remote: dict) -> str | None:
+    """None when the layouts agree, else a sentence naming each difference."""
+    diffs = [
+        f"{k}: {local.get(k)!r} here, {remote.get(k)!r} there" for k in MUST_MATCH if local.get(k) != remote.get(k)
+    ]
+    if local.get("model") and remote.get("model") and local["model"] != remote["model"]:
+        diffs.insert(0, f"model: {local['model']!r} here, {remote['model']!r} there")
+    return "KV layouts differ (" + "; ".join(diffs) + ")" if diffs else None
+
+
+def block_bytes(layout: dict) -> int:
+    return layout["block_size"] * layout["num_kv_heads"] * layout["head_dim"] * DTYPE_BYTES[layout["dtype"]]
+
+
+def block_segments(base: int, layout: dict, block_ids: list[int]) -> list[int]:
+    """Start addresses of every (layer, k/v, block) segment, in a fixed order both sides share;
+    each segment is `block_bytes(layout)` long."""
+    size = block_bytes(layout)
+    n = layout["num_blocks"]
+    return [
+        base + ((layer * 2 + half) * n + b) * size
+        for layer in range(layout["num_layers"])
+        for half in (0, 1)
+        for b in block_ids
+    ]

@@ -1,0 +1,284 @@
+"""The prefill and decode roles of disaggregated serving, inside the replica loop.
+
+Decode replica (it owns the client's stream):
+  1. a `generate` naming a prefill replica arrives; it tokenises, checks the context, reserves
+     KV blocks and answers `accepted`;
+  2. it sends the prefill replica a `prefill` message: token ids, sampling params, its
+     Mooncake endpoint and KV layout, the reserved block ids and a deadline (now + timeout);
+  3. on `prefilled` (first token, its logprobs, cached tokens) it admits the sequence into its
+     running batch; on `prefill_failed`, or when the deadline passes, it prefills the request
+     itself (a *fallback*, counted and recorded on the request).
+  Blocks of a request that timed out stay quarantined until the prefill side's late answer or
+  the deadline plus a grace period, so a late write can never land in reused memory.
+
+Prefill replica: checks the layout (a mismatch is refused with the reason), computes the
+prompt (its own prefix cache applies) with max_tokens=1 holding the blocks, writes them into
+the decode replica's reserved blocks with Mooncake, then sends `prefilled`. It starts no
+transfer after the deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from workers.engine.errors import RequestError
+from workers.engine.sampling_params import SamplingParams
+from workers.kvtransfer import KVTransferError, layout_mismatch
+from workers.replica import protocol
+
+log = logging.getLogger(__name__)
+QUARANTINE_GRACE_SECONDS = 5.0
+
+
+@dataclass
+class Handoff:
+    """A request the decode replica waits on a prefill replica for."""
+
+    prompt_ids: list[int]
+    params: dict
+    blocks: list[int]
+    deadline: float
+    prefill_replica: int
+    aborted: bool = False
+
+
+@dataclass
+class PrefillJob:
+    """A prompt the prefill replica computes for a decode replica."""
+
+    remote: dict
+    blocks: list[int]
+    reply_stream: str
+    deadline: float
+    num_prompt_tokens: int
+
+
+@dataclass
+class KVStats:
+    handoffs: int = 0
+    fallbacks: int = 0
+    bytes_sent: int = 0
+    blocks_sent: int = 0
+    bytes_received: int = 0
+    blocks_received: int = 0
+    transfer_seconds: float = 0.0
+    fallback_reasons: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "handoffs": self.handoffs,
+            "fallbacks": self.fallbacks,
+            "bytes_sent": self.bytes_sent,
+            "blocks_sent": self.blocks_sent,
+            "bytes_received": self.bytes_received,
+            "blocks_received": self.blocks_received,
+            "transfer_seconds": round(self.transfer_seconds, 4),
+            "fallback_reasons": dict(self.fallback_reasons),
+        }
+
+
+class Disaggregation:
+    """Both roles' bookkeeping; the server calls in from its loop (one thread)."""
+
+    def __init__(self, server, kv, timeout: float):
+        self.server = server
+        self.engine = server.engine
+        self.kv = kv  # MooncakeKV
+        self.timeout = timeout
+        self.layout = {**self.engine.kv_layout(), "model": server.spec.model_name}
+        self.waiting: dict[str, Handoff] = {}  # decode side
+        self.quarantine: list[tuple[float, str, list[int]]] = []  # (until, request id, blocks)
+        self.jobs: dict[str, PrefillJob] = {}  # prefill side
+        self.stats = KVStats()
+
+    def endpoint(self) -> dict:
+        return {**self.kv.endpoint(), "layout": self.layout}
+
+    # -- decode side --------------------------------------------------------------------------
+    def start_handoff(self, rid: str, prompt_ids: list[int], params: dict, prefill_replica: int) -> bool:
+        """Reserve blocks and ask the prefill replica; False if this replica must prefill itself."""
+        SamplingParams(**params)  # invalid params fail here, before anything is reserved
+        if len(prompt_ids) >= self.engine.max_model_len:
+            raise RequestError(
+                f"the prompt is {len(prompt_ids)} tokens; this model's context is {self.engine.max_model_len} tokens "
+                "and at least one must be left to generate"
+            )
+        blocks = self.engine.reserve_blocks(len(prompt_ids))
+        if blocks is None:
+            self._count_fallback("no free KV blocks to reserve")
+            return False
+        deadline = time.time() + self.timeout
+        self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica)
+        message = {
+            "type": "prefill",
+            "id": rid,
+            "prompt_token_ids": prompt_ids,
+            "params": params,
+            "kv": self.endpoint(),
+            "blocks": blocks,
+            "reply_stream": self.server.stream,
+            "deadline": deadline,
+        }
+        self.server.redis.xadd(
+            protocol.requests_key(prefill_replica),
+            {"m": protocol.encode(message)},
+            maxlen=protocol.REQUEST_STREAM_MAXLEN,
+            approximate=True,
+        )
+        return True
+
+    def on_prefilled(self, message: dict) -> None:
+        rid = message.get("id", "")
+        handoff = self.waiting.pop(rid, None)
+        if handoff is None:  # we gave up on it already: the write is over, free the blocks
+            self._unquarantine(rid)
+            return
+        if handoff.aborted:
+            self.engine.release_blocks(handoff.blocks)
+            return
+        logprobs = {int(k): v for k, v in message["logprobs"].items()} if message.get("logprobs") else None
+        self.stats.handoffs += 1
+        self.stats.blocks_received += len(handoff.blocks)
+        self.stats.bytes_received += int(message.get("bytes", 0))
+        delta = self.engine.add_prefilled_request(
+            rid,
+            handoff.prompt_ids,
+            SamplingParams(**handoff.params),
+            handoff.blocks,
+            int(message["first_token"]),
+            logprobs,
+            int(message.get("cached_tokens", 0)),
+        )
+        req = self.server.inflight.get(rid)
+        if req is not None:
+            req.meta["prefill"] = {"replica": handoff.prefill_replica, "transfer_ms": message.get("transfer_ms")}
+        self.server.collect([delta])
+
+    def on_prefill_failed(self, message: dict) -> None:
+        rid = message.get("id", "")
+        handoff = self.waiting.pop(rid, None)
+        if handoff is None:
+            self._unquarantine(rid)
+            return
+        self.engine.release_blocks(handoff.blocks)  # the prefill side wrote nothing
+        if not handoff.aborted:
+            self._fallback(rid, handoff, message.get("reason", "prefill failed"))
+
+    def abort(self, rid: str) -> bool:
+        handoff = self.waiting.get(rid)
+        if handoff is None:
+            return False
+        handoff.aborted = True  # its blocks are freed when the prefill side answers, or later
+        return True
+
+    def tick(self) -> None:
+        """Each loop pass: give up on handoffs past their deadline; end quarantines."""
+        now = time.time()
+        for rid, handoff in list(self.waiting.items()):
+            if now >= handoff.deadline:
+                del self.waiting[rid]
+                self.quarantine.append((handoff.deadline + QUARANTINE_GRACE_SECONDS, rid, handoff.blocks))
+                if not handoff.aborted:
+                    why = f"no KV from prefill replica {handoff.prefill_replica} in {self.timeout:g}s"
+                    self._fallback(rid, handoff, why)
+        if self.quarantine and self.quarantine[0][0] <= now:
+            keep = []
+            for until, rid, blocks in self.quarantine:
+                if until <= now:
+                    self.engine.release_blocks(blocks)
+                else:
+                    keep.append((until, rid, blocks))
+            self.quarantine = keep
+
+    def _unquarantine(self, rid: str) -> None:
+        for i, (_, qrid, blocks) in enumerate(self.quarantine):
+            if qrid == rid:
+                self.engine.release_blocks(blocks)
+                del self.quarantine[i]
+                return
+
+    def _fallback(self, rid: str, handoff: Handoff, reason: str) -> None:
+        log.warning("request %s: %s; prefilling here", rid, reason)
+        self._count_fallback(reason)
+        req = self.server.inflight.get(rid)
+        if req is not None:
+            req.meta["fallback"] = reason
+        try:
+            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams(**handoff.params))
+        except RequestError as exc:  # cannot happen for a request that was accepted; be safe
+            self.server.fail(rid, str(exc))
+
+    def _count_fallback(self, reason: str) -> None:
+        self.stats.fallbacks += 1
+        key = reason.split(" in ")[0][:60]
+        self.stats.fallback_reasons[key] = self.stats.fallback_reasons.get(key, 0) + 1
+
+    # -- prefill side -------------------------------------------------------------------------
+    def on_prefill(self, message: dict) -> None:
+        rid = message.get("id", "")
+        reply = message.get("reply_stream")
+        remote = message.get("kv") or {}
+        problem = layout_mismatch(self.layout, remote.get("layout") or {})
+        if problem is None and time.time() >= float(message.get("deadline", 0)):
+            problem = "the deadline passed before the prefill started"
+        if problem is None:
+            try:
+                params = {**(message.get("params") or {}), "max_tokens": 1}
+                prompt = [int(t) for t in message["prompt_token_ids"]]
+                self.engine.add_request(rid, prompt, SamplingParams(**params), hold_blocks=True)
+            except (RequestError, KeyError, TypeError, ValueError) as exc:
+                problem = f"cannot prefill: {exc}"
+        if problem is not None:
+            log.warning("refusing prefill %s: %s", rid, problem)
+            self._reply(reply, {"type": "prefill_failed", "id": rid, "reason": problem})
+            return
+        self.jobs[rid] = PrefillJob(remote, list(message["blocks"]), reply, float(message["deadline"]), len(prompt))
+
+    def on_prefill_delta(self, delta) -> bool:
+        """A step's delta for one of our prefill jobs: send the blocks, hand over the token."""
+        job = self.jobs.pop(delta.request_id, None)
+        if job is None:
+            return False
+        rid = delta.request_id
+        try:
+            if time.time() >= job.deadline:
+                raise KVTransferError("the deadline passed before the transfer started")
+            held = self.engine.held[rid]
+            local = held.block_table[: len(job.blocks)]
+            started = time.monotonic()
+            moved = self.kv.write_blocks(job.remote, local, job.blocks)
+            seconds = time.monotonic() - started
+        except (KVTransferError, KeyError) as exc:
+            self._reply(job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            return True
+        finally:
+            self.engine.release_held(rid)
+        self.stats.handoffs += 1
+        self.stats.bytes_sent += moved
+        self.stats.blocks_sent += len(job.blocks)
+        self.stats.transfer_seconds += seconds
+        lp = delta.new_logprobs[0] if delta.new_logprobs else None
+        self._reply(
+            job.reply_stream,
+            {
+                "type": "prefilled",
+                "id": rid,
+                "first_token": delta.new_token_ids[0],
+                "logprobs": {str(k): v for k, v in lp.items()} if lp else None,
+                "cached_tokens": delta.num_cached_tokens,
+                "bytes": moved,
+                "transfer_ms": round(seconds * 1000, 3),
+            },
+        )
+        return True
+
+    def prefill_tokens_inflight(self) -> int:
+        return sum(job.num_prompt_tokens for job in self.jobs.values())
+
+    def _reply(self, stream: str | None, message: dict) -> None:
+        if stream:
+            self.server.redis.xadd(
+                stream, {"m": protocol.encode(message)}, maxlen=protocol.REQUEST_STREAM_MAXLEN, approximate=True
+            )
