@@ -50,6 +50,10 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
             demo = create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
             other = create_deployment({"slug": "other", "model": model, "replicas": 0})
+            pd = create_deployment(
+                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
+                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
+            )  # fmt: skip
             _, secret = create_api_key(name="all", owner=owner)
             _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
             _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
@@ -59,6 +63,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             replica = wait_for(
                 lambda: Replica.objects.filter(deployment=demo, state="ready").first(), 90, "the demo replica"
             )
+            wait_for(lambda: Replica.objects.filter(deployment=pd, state="ready").count() == 2, 90, "demo-pd")
             base = f"http://127.0.0.1:{port}"
             wait_for(lambda: _up(base), 30, "the web server")
             yield {
@@ -106,7 +111,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 def test_models_lists_the_deployments_the_key_may_use(client, stack):
-    assert {m.id for m in client.models.list().data} == {"demo", "other"}
+    assert {m.id for m in client.models.list().data} == {"demo", "demo-pd", "other"}
     limited = openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["limited_key"], max_retries=0)
     assert [m.id for m in limited.models.list().data] == ["other"]
 
@@ -149,6 +154,24 @@ def test_chat_completion_matches_the_engine_token_for_token(client, llm):
     assert chat.usage.prompt_tokens == len(expected.prompt_token_ids)
     assert chat.usage.completion_tokens == len(expected.outputs[0].token_ids)
     assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+
+
+def test_disaggregated_deployment_streams_the_same_completion(client):
+    from controlplane.deployments.models import Replica
+
+    roles = dict(Replica.objects.filter(deployment__slug="demo-pd", state="ready").values_list("role", "id"))
+    prompt = "<|user|>What is the capital of Peru?<|end|>\n<|assistant|>"
+    whole = client.completions.create(model="demo", prompt=prompt, temperature=0, max_tokens=12)
+    raw = client.completions.with_raw_response.create(
+        model="demo-pd", prompt=prompt, temperature=0, max_tokens=12, stream=True
+    )
+    assert raw.headers["x-switchyard-prefill-replica"] == str(roles["prefill"])
+    assert raw.headers["x-switchyard-replica"] == str(roles["decode"])
+    assert raw.headers["x-switchyard-route-reason"] == "only_ready_replica;prefill_least_tokens"
+    text = "".join(chunk.choices[0].text for chunk in raw.parse() if chunk.choices)
+    assert text == whole.choices[0].text and "Lima" in text
+    wait_for(lambda: replica_load(roles["decode"])["kv_transfer"]["handoffs"] >= 1, 5, "the handoff to be counted")
+    assert replica_load(roles["decode"])["kv_transfer"]["fallbacks"] == 0
 
 
 def test_streamed_chat_equals_the_whole_one_and_reports_usage(client):

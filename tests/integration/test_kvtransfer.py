@@ -1,0 +1,50 @@
+"""Mooncake Transfer Engine over TCP between two processes: the decode side's reserved blocks
+end up byte-identical to the blocks the prefill side computed."""
+
+import hashlib
+import multiprocessing
+
+import pytest
+
+from workers.engine.config import EngineConfig
+from workers.engine.llm_engine import LLMEngine
+from workers.kvtransfer import layout_mismatch
+from workers.kvtransfer.layout import block_bytes, block_segments
+from workers.kvtransfer.mooncake import MooncakeKV, merge_runs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_blocks_arrive_byte_identical(model_dir):
+    from tests.support.kv_peer import prefill_and_send
+
+    decode = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=4, num_kv_blocks=40))
+    kv = MooncakeKV(decode.runner.kv_cache, decode.kv_layout())
+    prompt = list(range(30, 80))  # 50 tokens: 13 blocks of 4
+    decode.reserve_blocks(8)  # so that the reserved blocks are not the first ones
+    blocks = decode.reserve_blocks(len(prompt))
+    before = decode.runner.kv_cache[:, :, blocks].clone()
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    peer = ctx.Process(target=prefill_and_send, args=(str(model_dir), prompt, kv.endpoint(), blocks, child))
+    peer.start()
+    assert parent.poll(90), "the prefill process did not report"
+    moved, digest = parent.recv()
+    peer.join(30)
+    received = decode.runner.kv_cache[:, :, blocks].contiguous()
+    assert hashlib.sha256(received.numpy().tobytes()).hexdigest() == digest
+    assert not received.equal(before)
+    assert moved == received.numel() * received.element_size()
+
+
+def test_layout_rules_and_addresses(model_dir):
+    layout = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=4, num_kv_blocks=8)).kv_layout()
+    assert layout_mismatch(layout, {**layout, "num_blocks": 99}) is None  # sizes may differ
+    assert "head_dim" in layout_mismatch(layout, {**layout, "head_dim": 1})
+    assert "model: 'a' here, 'b' there" in layout_mismatch({**layout, "model": "a"}, {**layout, "model": "b"})
+    size = block_bytes(layout)
+    segments = block_segments(1000, layout, [2, 3])
+    assert segments[:2] == [1000 + 2 * size, 1000 + 3 * size]  # layer 0, keys
+    assert segments[2] == 1000 + (8 + 2) * size  # layer 0, values
+    src, dst, lengths = merge_runs(segments, segments, size)
+    assert lengths[0] == 2 * size and len(src) == len(dst) == 2 * layout["num_layers"]
