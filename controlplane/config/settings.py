@@ -146,6 +146,8 @@ SWITCHYARD = {
     "KV_TRANSFER_PROTOCOL": env("KV_TRANSFER_PROTOCOL", default="tcp"),
     "KV_TRANSFER_HOST": env("KV_TRANSFER_HOST", default="127.0.0.1"),
     "KV_TRANSFER_TIMEOUT": env.float("KV_TRANSFER_TIMEOUT", default=2.0),
+    # Prompts shorter than this are prefilled by the decode replica itself.
+    "PD_LOCAL_PREFILL_TOKENS": env.int("PD_LOCAL_PREFILL_TOKENS", default=256),
     "LOG_DIR": str(STATE_DIR / "logs"),
 }
 

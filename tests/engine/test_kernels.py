@@ -101,3 +101,14 @@ def test_prefill_reference_equals_dense_causal_attention():
     scores = scores.masked_fill(torch.ones(20, 20).triu(1).bool(), float("-inf"))
     dense = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv)
     assert torch.allclose(out, dense, atol=1e-5)
+
+
+def test_paged_decode_ref_groups_very_different_lengths_without_changing_results(dtype):
+    blocks, bs, kv_heads, head_dim = 40, 8, 2, 32
+    kc, vc = rand(blocks, bs, kv_heads, head_dim, dtype=dtype), rand(blocks, bs, kv_heads, head_dim, dtype=dtype)
+    tables = torch.arange(3 * 30, dtype=torch.int32, device=DEVICE).remainder(blocks).view(3, 30)
+    ctx = torch.tensor([5, 230, 9], dtype=torch.int32, device=DEVICE)  # the long one gets its own group
+    q = rand(3, 4, 32, dtype=dtype)
+    grouped = paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.17)
+    close(grouped, paged_attention._decode_group(q, kc, vc, tables, ctx, 0.17), dtype)
+    close(grouped, paged_attention.paged_decode_triton(q, kc, vc, tables, ctx, 0.17), dtype)

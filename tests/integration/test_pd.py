@@ -38,7 +38,8 @@ def replicas(model_dir, tmp_path_factory):
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
         spec = ReplicaSpec(replica_id=rid, deployment="pd", model=str(model_dir), model_name="tiny", role=role,
                            dtype="float32", block_size=block_size, threads=1, redis_url=settings.REDIS_URL,
-                           kv_transfer_timeout=TIMEOUT, kv_cache_bytes=16 << 20)  # fmt: skip
+                           kv_transfer_timeout=TIMEOUT, kv_cache_bytes=16 << 20,
+                           local_prefill_tokens=0)  # fmt: skip
         (state / f"{rid}.json").write_text(spec.to_json())
         log = open(state / f"{rid}.log", "wb")  # noqa: SIM115 - closed with the process
         procs[rid] = subprocess.Popen(

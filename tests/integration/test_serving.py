@@ -41,7 +41,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
 
     state = tmp_path_factory.mktemp("serving")
     node, port = f"serve-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="3")
+    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="3", PD_LOCAL_PREFILL_TOKENS="0")
     with django_db_blocker.unblock():
         owner = get_user_model().objects.create_user("serving-owner", is_staff=True)
         model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)

@@ -56,6 +56,7 @@ def build_spec(replica: Replica, settings: dict, redis_url: str) -> ReplicaSpec:
         kv_protocol=settings["KV_TRANSFER_PROTOCOL"],
         kv_host=settings["KV_TRANSFER_HOST"],
         kv_transfer_timeout=settings["KV_TRANSFER_TIMEOUT"],
+        local_prefill_tokens=settings["PD_LOCAL_PREFILL_TOKENS"],
         redis_url=redis_url,
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )

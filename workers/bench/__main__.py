@@ -22,7 +22,25 @@ def main(argv=None) -> int:
     gw.add_argument("--streams", default="100,200,400", help="concurrency levels, comma-separated")
     gw.add_argument("--stream-tokens", type=int, default=32, help="tokens per concurrent stream")
     gw.add_argument("--json", action="store_true", help="print only the JSON line")
+    pd = sub.add_parser("pd", help="prefill/decode disaggregation vs colocated on the same cores and trace")
+    pd.add_argument("--model", help="HF model directory with >= 2.3k context (default: a random checkpoint)")
+    pd.add_argument("--requests", type=int, default=40)
+    pd.add_argument("--rate", type=float, default=1.5, help="mean arrivals per second (Poisson)")
+    pd.add_argument("--long-fraction", type=float, default=0.5, help="share of 1-2k-token prompts")
+    pd.add_argument("--seed", type=int, default=0)
+    pd.add_argument("--chunk", type=int, default=512, help="per-step token budget (prefill chunk), both setups")
+    pd.add_argument(
+        "--local-prefill-tokens",
+        type=int,
+        default=256,
+        help="the decode replica prefills shorter prompts itself (the product default)",
+    )
+    pd.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "pd":
+        from workers.bench.pd import run
+
+        return run(args)
     if args.name == "engine":
         from workers.bench.engine import run
 

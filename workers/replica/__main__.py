@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=spec.dtype,
         block_size=spec.block_size,
         max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
         max_model_len=spec.max_model_len,
         enable_prefix_caching=spec.enable_prefix_caching,
         kv_cache_bytes=spec.kv_cache_bytes,

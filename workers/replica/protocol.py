@@ -67,6 +67,7 @@ class ReplicaSpec:
     block_size: int = 16
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # per-step token budget: the prefill chunk size
     max_model_len: int | None = None
     kv_cache_bytes: int = 512 << 20
     threads: int = 0  # torch threads on CPU; 0 keeps torch's default
@@ -74,6 +75,9 @@ class ReplicaSpec:
     kv_protocol: str = "tcp"
     kv_host: str = "127.0.0.1"
     kv_transfer_timeout: float = 2.0
+    # A decode replica prefills prompts shorter than this itself: moving their KV costs more
+    # than computing it, and their prefill barely delays the running batch.
+    local_prefill_tokens: int = 256
     redis_url: str = "redis://127.0.0.1:6379/0"
     extra: dict = field(default_factory=dict)
 

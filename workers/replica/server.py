@@ -155,6 +155,8 @@ class ReplicaServer:
             params = dict(message.get("params") or {})
             top = params.get("logprobs")
             prefill = (message.get("prefill") or {}).get("replica_id")
+            if len(prompt_ids) < self.spec.local_prefill_tokens:
+                prefill = None
             if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, params, int(prefill))):
                 self.engine.add_request(rid, prompt_ids, SamplingParams(**params))
         except RequestError as exc:

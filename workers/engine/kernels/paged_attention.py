@@ -25,6 +25,29 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 
 
 def paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """Batched over sequences, each padded to the longest context of its group. Sequences of
+    very different lengths go in separate groups, so that one long context does not make every
+    short one in the batch pay for its length."""
+    lens = context_lens.tolist()
+    order = sorted(range(len(lens)), key=lens.__getitem__)
+    groups, current = [], [order[0]]
+    for i in order[1:]:
+        if lens[i] > 2 * lens[current[0]] + 64:  # more than ~half would be padding: new group
+            groups.append(current)
+            current = [i]
+        else:
+            current.append(i)
+    groups.append(current)
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale)
+    out = torch.empty_like(q)
+    for group in groups:
+        idx = torch.tensor(group, device=q.device)
+        out[idx] = _decode_group(q[idx], k_cache, v_cache, block_tables[idx], context_lens[idx], scale)
+    return out
+
+
+def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     seqs, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
