@@ -105,7 +105,8 @@ def test_disaggregated_output_equals_colocated_and_reuses_the_prefill_cache(repl
         assert final["usage"]["prompt_tokens"] == len(prompt)
     # The third prompt's first 40 tokens were cached on the prefill side (10 blocks of 4).
     assert final["usage"]["cached_tokens"] == 40
-    wait_for(lambda: kv_stats(client, DECODE)["handoffs"] >= 3, 5, "the decode replica's metrics")
+    for rid in (PREFILL, DECODE):  # metrics come with the next heartbeat (every 0.5 s)
+        wait_for(lambda rid=rid: kv_stats(client, rid)["handoffs"] >= 3, 5, f"replica {rid}'s metrics")
     sent, received = kv_stats(client, PREFILL), kv_stats(client, DECODE)
     blocks = sum(-(-len(p) // 4) for p in PROMPTS)
     assert sent["blocks_sent"] == received["blocks_received"] == blocks
@@ -152,3 +153,38 @@ def test_a_killed_prefill_replica_does_not_hang_requests(replicas):
     assert seconds < TIMEOUT + 1.0
     free = json.loads(client.hget(protocol.status_key(DECODE), "load"))["kv_blocks_free"]
     assert free > 0
+
+
+def test_sigterm_drains_a_replica_in_flight_work_finishes_new_work_is_refused(replicas):
+    client, proc = replicas["redis"], replicas["procs"][COLOCATED]
+    pubsub = client.pubsub()
+    pubsub.subscribe("drain-test")
+    pubsub.get_message(timeout=1)
+    long = {"type": "generate", "id": "long", "reply_to": "drain-test", "prompt_token_ids": LONG,
+            "params": {"temperature": 0.0, "max_tokens": 800, "ignore_eos": True}}  # fmt: skip
+    client.xadd(protocol.requests_key(COLOCATED), {"m": json.dumps(long)})
+    first = None
+    while first is None:  # wait until it is running
+        m = pubsub.get_message(timeout=5)
+        assert m is not None, "no answer from the replica"
+        if m["type"] == "message" and json.loads(m["data"])["type"] == "delta":
+            first = m
+    proc.send_signal(signal.SIGTERM)
+    late = {**long, "id": "late", "params": {"max_tokens": 2}}
+    wait_for(lambda: client.hget(protocol.status_key(COLOCATED), "state") == "draining", 5, "draining state")
+    client.xadd(protocol.requests_key(COLOCATED), {"m": json.dumps(late)})
+    finished, refused = None, None
+    deadline = time.monotonic() + 30
+    while (finished is None or refused is None) and time.monotonic() < deadline:
+        m = pubsub.get_message(timeout=1)
+        if m and m["type"] == "message":
+            event = json.loads(m["data"])
+            if event["id"] == "long" and event.get("finish_reason"):
+                finished = event
+            if event["id"] == "late":
+                refused = event
+    # (800 tokens take seconds: the late request surely arrives while the long one still runs.)
+    assert finished["finish_reason"] == "length" and finished["usage"]["completion_tokens"] == 800
+    assert refused["type"] == "error" and refused["status"] == 503
+    assert proc.wait(timeout=10) == 0
+    assert client.hget(protocol.status_key(COLOCATED), "state") == "stopped"
