@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "controlplane.inventory",
     "controlplane.deployments",
     "controlplane.gateway",
+    "controlplane.telemetry",
 ]
 
 MIDDLEWARE = [
@@ -148,6 +149,8 @@ SWITCHYARD = {
     "KV_TRANSFER_TIMEOUT": env.float("KV_TRANSFER_TIMEOUT", default=2.0),
     # Prompts shorter than this are prefilled by the decode replica itself.
     "PD_LOCAL_PREFILL_TOKENS": env.int("PD_LOCAL_PREFILL_TOKENS", default=256),
+    # /metrics is open unless this is set (then Prometheus sends it as a Bearer token).
+    "METRICS_TOKEN": env("METRICS_TOKEN", default=""),
     "LOG_DIR": str(STATE_DIR / "logs"),
 }
 

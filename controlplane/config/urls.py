@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.common.views import healthz
+from controlplane.telemetry.views import metrics
 
 api_v1 = [
     path("", include("controlplane.catalog.api.urls")),
@@ -17,6 +18,7 @@ urlpatterns = [
     # The admin console (frontend/) will be served here; until then, the API docs.
     path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("v1/", include("controlplane.gateway.openai_urls")),

@@ -127,6 +127,31 @@ def test_replica_reported_its_loading_and_load(stack):
     assert load["kv_blocks_total"] >= load["kv_blocks_free"] > 0
 
 
+def test_metrics_parse_as_prometheus_text_and_move_when_a_request_is_served(client, stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    replica = str(stack["replica"].pk)
+
+    def sample(name: str) -> float:
+        text = httpx.get(stack["base"] + "/metrics", timeout=10).text
+        samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+        return sum(s.value for s in samples if s.name == name and s.labels.get("replica") == replica)
+
+    before_tokens = sample("switchyard_generation_tokens_total")
+    before_requests = sample("switchyard_requests_total")
+    before_ttft = sample("switchyard_time_to_first_token_seconds_count")
+    done = client.chat.completions.create(model="demo", messages=QUESTION, temperature=0, max_tokens=5)
+    wait_for(
+        lambda: sample("switchyard_generation_tokens_total") >= before_tokens + done.usage.completion_tokens,
+        5,
+        "the token counter to move",
+    )
+    assert sample("switchyard_requests_total") >= before_requests + 1
+    assert sample("switchyard_time_to_first_token_seconds_count") >= before_ttft + 1
+    assert sample("switchyard_replica_up") == 1
+    assert sample("switchyard_kv_blocks") > 0
+
+
 def test_session_affinity_header_is_recorded(client, stack):
     from controlplane.gateway.router import affinity_key
 

@@ -25,6 +25,7 @@ import redis
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.replica import protocol
+from workers.replica.metrics import ReplicaMetrics
 from workers.replica.protocol import ReplicaSpec
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Inflight:
     arrived: float
     top_logprobs: int | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     meta: dict = field(default_factory=dict)
 
 
@@ -57,6 +59,7 @@ class ReplicaServer:
         self._stopping = threading.Event()
         self.intake_error: BaseException | None = None
         self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
+        self.metrics = ReplicaMetrics()
         self.status_key = protocol.status_key(spec.replica_id)
         self.stream = protocol.requests_key(spec.replica_id)
         self.inflight: dict[str, Inflight] = {}
@@ -182,6 +185,7 @@ class ReplicaServer:
         if self.inflight.pop(rid, None) is not None:
             if not (self.disagg is not None and self.disagg.abort(rid)):
                 self.engine.abort_request(rid)
+            self.metrics.requests_aborted += 1
             log.info("aborted %s (client went away)", rid)
 
     def fail(self, rid: str, message: str) -> None:
@@ -200,8 +204,10 @@ class ReplicaServer:
             req = self.inflight.get(d.request_id)
             if req is None:
                 continue
+            self.metrics.token(req.arrived, req.last_token_at, now, len(d.new_token_ids))
             if req.first_token_at is None:
                 req.first_token_at = now
+            req.last_token_at = now
             # `t`: when the token left the engine (wall clock), to measure delivery latency.
             event = {"id": d.request_id, "type": "delta", "text": d.new_text, "token_ids": d.new_token_ids, "t": wall}
             if d.new_logprobs is not None:
@@ -211,6 +217,7 @@ class ReplicaServer:
                 ]
             if d.finished:
                 self.inflight.pop(d.request_id, None)
+                self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
                 event["finish_reason"] = d.finish_reason
                 event["stop_reason"] = d.stop_reason
                 event["usage"] = {
@@ -287,6 +294,9 @@ class ReplicaServer:
                 "state": state,
                 "load": protocol.encode(load),
                 "endpoint": protocol.encode(endpoint),
+                "metrics": protocol.encode(
+                    {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
+                ),
                 "heartbeat": f"{time.time():.3f}",
                 "incarnation": self.incarnation,
             },

@@ -1,0 +1,111 @@
+"""Prometheus text exposition of what the replicas report (their Redis status hashes).
+
+Each replica keeps its own counters and histograms (workers/replica/metrics.py) and sends them
+with every heartbeat; this module only renders them, labelled by deployment, replica and role,
+so a Prometheus server can sum and rate them however it likes. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+
+from controlplane.deployments.models import Replica
+from workers.replica import protocol
+
+
+def _labels(**labels) -> str:
+    def esc(v) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
+
+
+def _num(v) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(int(v))
+
+
+class Exposition:
+    def __init__(self):
+        self.families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, labels: dict, value, suffix: str = "", extra=None) -> None:
+        lines = self.families.setdefault(name, (kind, help_text, []))[2]
+        lines.append(f"{name}{suffix}{_labels(**labels, **(extra or {}))} {_num(value)}")
+
+    def histogram(self, name: str, help_text: str, labels: dict, data: dict) -> None:
+        cumulative = 0
+        for bound, count in zip([*data["buckets"], "+Inf"], data["counts"], strict=True):
+            cumulative += count
+            le = bound if bound == "+Inf" else repr(float(bound))
+            self.add(name, "histogram", help_text, labels, cumulative, "_bucket", {"le": le})
+        self.add(name, "histogram", help_text, labels, float(data["sum"]), "_sum")
+        self.add(name, "histogram", help_text, labels, data["count"], "_count")
+
+    def render(self) -> str:
+        out = []
+        for name, (kind, help_text, lines) in self.families.items():
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *lines]
+        return "\n".join(out) + "\n"
+
+
+COUNTERS = {
+    "requests_finished": ("switchyard_requests_total", "Requests that finished (stop or length)."),
+    "requests_aborted": ("switchyard_requests_aborted_total", "Requests aborted because the client went away."),
+    "prompt_tokens": ("switchyard_prompt_tokens_total", "Prompt tokens of finished requests."),
+    "cached_prompt_tokens": ("switchyard_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache."),
+    "generation_tokens": ("switchyard_generation_tokens_total", "Output tokens generated."),
+}
+GAUGES = {
+    "running": ("switchyard_running_requests", "Requests in the running batch."),
+    "waiting": ("switchyard_waiting_requests", "Requests queued for admission."),
+    "kv_blocks_total": ("switchyard_kv_blocks", "KV cache blocks of the replica."),
+    "kv_blocks_free": ("switchyard_kv_blocks_free", "Free KV cache blocks."),
+    "tokens_per_second": ("switchyard_tokens_per_second", "Output tokens per second over the last second."),
+}
+CACHE_COUNTERS = {
+    "prefix_cache_queries": ("switchyard_prefix_cache_queries_total", "Prompt blocks looked up in the prefix cache."),
+    "prefix_cache_hits": ("switchyard_prefix_cache_hits_total", "Prompt blocks found in the prefix cache."),
+}
+KV_COUNTERS = {
+    "bytes_sent": ("switchyard_kv_transfer_bytes_sent_total", "KV bytes sent to decode replicas."),
+    "bytes_received": ("switchyard_kv_transfer_bytes_received_total", "KV bytes received from prefill replicas."),
+    "blocks_sent": ("switchyard_kv_transfer_blocks_sent_total", "KV blocks sent."),
+    "blocks_received": ("switchyard_kv_transfer_blocks_received_total", "KV blocks received."),
+    "transfer_seconds": ("switchyard_kv_transfer_seconds_total", "Time spent writing KV blocks."),
+    "fallbacks": ("switchyard_kv_transfer_fallbacks_total", "Requests a decode replica prefilled itself."),
+}
+
+
+def replica_statuses(redis_client) -> list[tuple[Replica, dict]]:
+    replicas = list(Replica.objects.filter(state__in=Replica.LIVE_STATES).select_related("deployment").order_by("id"))
+    pipe = redis_client.pipeline(transaction=False)
+    for r in replicas:
+        pipe.hgetall(protocol.status_key(r.pk))
+    return list(zip(replicas, pipe.execute(), strict=True))
+
+
+def render(redis_client) -> str:
+    exp = Exposition()
+    for replica, status in replica_statuses(redis_client):
+        labels = {"deployment": replica.deployment.slug, "replica": replica.pk, "role": replica.role}
+        exp.add("switchyard_replica_up", "gauge", "1 while the replica heartbeats.", labels,
+                int(bool(status) and protocol.is_fresh(status)))  # fmt: skip
+        try:
+            metrics = json.loads(status.get("metrics") or "{}")
+            load = json.loads(status.get("load") or "{}")
+        except ValueError:
+            continue
+        for key, (name, help_text) in COUNTERS.items():
+            if key in metrics:
+                exp.add(name, "counter", help_text, labels, metrics[key])
+        for key, name in (("ttft_seconds", "switchyard_time_to_first_token_seconds"),
+                          ("itl_seconds", "switchyard_inter_token_latency_seconds")):  # fmt: skip
+            if key in metrics:
+                exp.histogram(name, f"{name.removeprefix('switchyard_').replace('_', ' ')} per request", labels,
+                              metrics[key])  # fmt: skip
+        for table, source, kind in ((GAUGES, load, "gauge"), (CACHE_COUNTERS, load, "counter"),
+                                    (KV_COUNTERS, load.get("kv_transfer") or {}, "counter")):  # fmt: skip
+            for key, (name, help_text) in table.items():
+                if key in source:
+                    exp.add(name, kind, help_text, labels, source[key])
+    return exp.render()

@@ -1,0 +1,70 @@
+"""Serving metrics a replica keeps and reports with each heartbeat (torch-free).
+
+Counters only grow (Prometheus semantics: the web process renders them at /metrics, and a
+restart of the replica starts them again at zero, which Prometheus' rate() handles).
+Histograms are cumulative with fixed buckets, so any number of replicas can be summed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# Seconds. TTFT spans queueing and prefill; ITL one decode step plus delivery.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, plus +Inf last; not cumulative
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def as_dict(self) -> dict:
+        return {"buckets": list(self.buckets), "counts": list(self.counts), "sum": round(self.total, 6),
+                "count": self.count}  # fmt: skip
+
+
+@dataclass
+class ReplicaMetrics:
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+
+    def token(self, arrived: float, last: float | None, now: float, n: int = 1) -> None:
+        """`n` tokens of one request came out at `now` (previous one at `last`)."""
+        self.generation_tokens += n
+        if last is None:
+            self.ttft.observe(now - arrived)
+        else:
+            self.itl.observe(now - last)
+
+    def finished(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.requests_finished += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached_tokens
+
+    def as_dict(self) -> dict:
+        return {
+            "requests_finished": self.requests_finished,
+            "requests_aborted": self.requests_aborted,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "ttft_seconds": self.ttft.as_dict(),
+            "itl_seconds": self.itl.as_dict(),
+        }
