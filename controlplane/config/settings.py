@@ -127,6 +127,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "deployments.reconcile", "schedule": env.float("RECONCILE_INTERVAL", default=10.0)},
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
+    "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
 }
 
 # Node agents and replicas.

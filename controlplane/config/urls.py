@@ -12,6 +12,7 @@ api_v1 = [
     path("", include("controlplane.deployments.api.urls")),
     path("", include("controlplane.gateway.api.urls")),
     path("", include("controlplane.events.api.urls")),
+    path("", include("controlplane.telemetry.api.urls")),
 ]
 
 urlpatterns = [

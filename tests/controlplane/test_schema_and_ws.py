@@ -54,3 +54,25 @@ async def test_events_websocket_refuses_anonymous():
     comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost")])
     connected, code = await comm.connect(timeout=5)
     assert not connected and code == 4401
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_metrics_websocket_forwards_each_sample(django_user_model):
+    from channels.layers import get_channel_layer
+
+    from controlplane.telemetry.consumers import MetricsConsumer
+    from controlplane.telemetry.history import GROUP
+
+    user = await sync_to_async(django_user_model.objects.create_user)("charts", password="x")
+    comm = WebsocketCommunicator(MetricsConsumer.as_asgi(), "/ws/metrics/")
+    comm.scope["user"] = user
+    connected, _ = await comm.connect(timeout=5)
+    assert connected
+    points = {"demo": {"t": 1.0, "tokens_per_second": 12.5}}
+    await get_channel_layer().group_send(GROUP, {"type": "metrics.points", "points": points})
+    assert await comm.receive_json_from(timeout=5) == {"kind": "metrics", "points": points}
+    await comm.disconnect()
+    anon = WebsocketCommunicator(application, "/ws/metrics/", headers=[(b"origin", b"http://localhost")])
+    connected, code = await anon.connect(timeout=5)
+    assert not connected and code == 4401

@@ -152,6 +152,22 @@ def test_metrics_parse_as_prometheus_text_and_move_when_a_request_is_served(clie
     assert sample("switchyard_kv_blocks") > 0
 
 
+def test_metric_history_points_follow_the_traffic(client, stack, staff_client):
+    from controlplane.common import redis as redis_client
+    from controlplane.telemetry.history import history, sample
+
+    sample(redis_client.client())
+    client.chat.completions.create(model="demo", messages=QUESTION, temperature=0, max_tokens=8)
+    wait_for(lambda: sample(redis_client.client())["demo"]["tokens_per_second"], 5, "a point with tokens/s")
+    points = history(redis_client.client(), "demo")
+    last = points[-1]
+    assert len(points) >= 2 and last["replicas_up"] == 1 and last["tokens_per_second"] > 0
+    assert last["itl_p50_ms"] is not None and last["kv_use"] is not None
+    body = staff_client.get("/api/v1/telemetry/history/?deployment=demo&seconds=60").json()
+    assert body["deployment"] == "demo" and body["points"][-1]["t"] == last["t"]
+    assert staff_client.get("/api/v1/telemetry/history/?deployment=nope").status_code == 404
+
+
 def test_session_affinity_header_is_recorded(client, stack):
     from controlplane.gateway.router import affinity_key
 
