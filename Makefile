@@ -5,14 +5,28 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 # libibverbs + libnl: the Mooncake Transfer Engine loads them even for TCP transfers.
-APT_PACKAGES := redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200
+APT_PACKAGES := redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 chromium
+FRONTEND_STAMP := frontend/node_modules/.installed
+FRONTEND_SOURCES := $(shell find frontend/src -type f) frontend/index.html frontend/vite.config.ts
 # The test suite runs on PostgreSQL (make run defaults to SQLite); override as you need.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: setup run test lint format check unit bench-engine bench-gateway demo-model gpu-check clean
+.PHONY: setup frontend run test lint format check unit bench-engine bench-gateway demo-model gpu-check clean
 
-setup: $(STAMP) apt
+setup: $(STAMP) apt frontend
+
+# The admin console: npm packages from package-lock.json, built into frontend/dist (served at /).
+frontend: frontend/dist/index.html
+
+$(FRONTEND_STAMP): frontend/package.json frontend/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js >= 20.19 (https://nodejs.org)"; exit 1; }
+	@node -e 'const [a,b]=process.versions.node.split(".").map(Number); if (a<20||(a===20&&b<19)) { console.error("Node.js >= 20.19 is needed, found "+process.version); process.exit(1) }'
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+frontend/dist/index.html: $(FRONTEND_STAMP) $(FRONTEND_SOURCES)
+	cd frontend && npm run build --silent
 
 # Debian packages, only those missing (root, or passwordless sudo).
 apt:
@@ -47,6 +61,7 @@ check: setup
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
 
 test: setup lint check
+	cd frontend && npm test --silent
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 bench-engine: setup
@@ -63,4 +78,4 @@ gpu-check: setup
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) .switchyard
+	rm -rf $(VENV) .switchyard frontend/node_modules frontend/dist

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "controlplane.deployments",
     "controlplane.gateway",
     "controlplane.telemetry",
+    "controlplane.console",
 ]
 
 MIDDLEWARE = [

@@ -69,8 +69,9 @@ def stack_env(state_dir: Path, **overrides) -> dict:
 
 
 @contextmanager
-def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None):
-    """Start the control worker, the node agent and (with `web_port`) uvicorn; stop them all."""
+def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None, beat: bool = False):
+    """Start the control worker, the node agent, (with `web_port`) uvicorn and (with `beat`)
+    Celery beat; stop them all."""
     commands = {
         "control": [sys.executable, "-m", "celery", "-A", "controlplane.config", "worker", "-Q", "control",
                     "-P", "threads", "-c", "2", "-n", f"control-{node}@localhost", "--without-gossip",
@@ -80,6 +81,9 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
     if web_port is not None:
         commands["web"] = [sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
                            "--host", "127.0.0.1", "--port", str(web_port), "--no-access-log"]  # fmt: skip
+    if beat:
+        commands["beat"] = [sys.executable, "-m", "celery", "-A", "controlplane.config", "beat",
+                            "--schedule", str(state_dir / "celerybeat-schedule"), "--loglevel", "WARNING"]  # fmt: skip
     logs = {name: open(state_dir / f"{name}.log", "wb") for name in commands}  # noqa: SIM115
     procs = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)

@@ -1,0 +1,63 @@
+import { FormEvent, useCallback, useEffect, useState } from "react";
+import { ErrorText, Field } from "../components/Form";
+import { api, fieldErrors, list } from "../lib/api";
+
+export function ApiKeys() {
+  const [rows, setRows] = useState<any[]>([]);
+  const [form, setForm] = useState({ name: "", rpm_limit: "", tpm_limit: "" });
+  const [secret, setSecret] = useState<string | null>(null);
+  const [errors, setErrors] = useState<Record<string, string>>({});
+  const load = useCallback(() => list("api-keys/").then(setRows), []);
+  useEffect(() => { load(); }, [load]);
+  const create = async (e: FormEvent) => {
+    e.preventDefault();
+    setErrors({});
+    try {
+      const created = await api("api-keys/", { method: "POST", body: { name: form.name,
+        rpm_limit: form.rpm_limit ? Number(form.rpm_limit) : null, tpm_limit: form.tpm_limit ? Number(form.tpm_limit) : null } });
+      setSecret(created.secret);
+      setForm({ name: "", rpm_limit: "", tpm_limit: "" });
+      load();
+    } catch (err) {
+      setErrors(fieldErrors(err));
+    }
+  };
+  const revoke = async (id: number) => {
+    if (!window.confirm("Revoke this key? Applications using it stop working.")) return;
+    await api(`api-keys/${id}/revoke/`, { method: "POST" });
+    load();
+  };
+  return (
+    <>
+      <h1>API keys</h1>
+      {secret && (
+        <div className="card" role="status">
+          New key — copy it now, it is not shown again: <div className="secret" data-testid="secret">{secret}</div>
+          <button onClick={() => setSecret(null)}>Done</button>
+        </div>
+      )}
+      <table>
+        <thead><tr><th>Name</th><th>Prefix</th><th>Limits</th><th>Last used</th><th>State</th><th /></tr></thead>
+        <tbody>
+          {rows.map((k) => (
+            <tr key={k.id}>
+              <td>{k.name}</td><td><code>{k.prefix}…</code></td>
+              <td>{k.rpm_limit ?? "∞"} rpm · {k.tpm_limit ?? "∞"} tpm</td>
+              <td>{k.last_used_at ? new Date(k.last_used_at).toLocaleString() : "never"}</td>
+              <td>{k.revoked ? "revoked" : "active"}</td>
+              <td>{!k.revoked && <button onClick={() => revoke(k.id)}>Revoke</button>}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      <h2>Create a key</h2>
+      <form className="inline card" onSubmit={create} aria-label="Create a key">
+        <Field label="Name" error={errors.name}><input value={form.name} onChange={(e) => setForm({ ...form, name: e.target.value })} /></Field>
+        <Field label="Requests/min" error={errors.rpm_limit}><input type="number" value={form.rpm_limit} onChange={(e) => setForm({ ...form, rpm_limit: e.target.value })} /></Field>
+        <Field label="Tokens/min" error={errors.tpm_limit}><input type="number" value={form.tpm_limit} onChange={(e) => setForm({ ...form, tpm_limit: e.target.value })} /></Field>
+        <button type="submit">Create key</button>
+        <ErrorText errors={errors} />
+      </form>
+    </>
+  );
+}

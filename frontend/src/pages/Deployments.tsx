@@ -1,0 +1,152 @@
+import { FormEvent, useCallback, useEffect, useState } from "react";
+import { Link, useParams } from "react-router-dom";
+import { ErrorText, Field } from "../components/Form";
+import { api, fieldErrors, list } from "../lib/api";
+
+export function Deployments() {
+  const [rows, setRows] = useState<any[]>([]);
+  const [models, setModels] = useState<any[]>([]);
+  const [form, setForm] = useState({ slug: "", model: "", mode: "colocated", replicas: 1, prefill_replicas: 1, decode_replicas: 1 });
+  const [errors, setErrors] = useState<Record<string, string>>({});
+  const load = useCallback(() => list("deployments/").then(setRows), []);
+  useEffect(() => {
+    load();
+    list("models/").then(setModels);
+    const timer = setInterval(load, 2000);
+    return () => clearInterval(timer);
+  }, [load]);
+  const create = async (e: FormEvent) => {
+    e.preventDefault();
+    setErrors({});
+    const body: any = { slug: form.slug, model: form.model, mode: form.mode };
+    if (form.mode === "colocated") body.replicas = Number(form.replicas);
+    else Object.assign(body, { replicas: 0, prefill_replicas: Number(form.prefill_replicas), decode_replicas: Number(form.decode_replicas) });
+    try {
+      await api("deployments/", { method: "POST", body });
+      setForm({ ...form, slug: "" });
+      load();
+    } catch (err) {
+      setErrors(fieldErrors(err));
+    }
+  };
+  const set = (k: string) => (e: any) => setForm({ ...form, [k]: e.target.value });
+  return (
+    <>
+      <h1>Deployments</h1>
+      <table>
+        <thead><tr><th>Name</th><th>Model</th><th>Mode</th><th>Desired</th><th>Replicas</th></tr></thead>
+        <tbody>
+          {rows.map((d) => (
+            <tr key={d.slug} data-deployment={d.slug}>
+              <td><Link to={`/deployments/${d.slug}`}>{d.slug}</Link></td>
+              <td>{d.model}</td>
+              <td>{d.mode}</td>
+              <td>{d.desired_state}</td>
+              <td className="states">{Object.entries(d.replica_states ?? {}).map(([s, n]) => `${n} ${s}`).join(", ") || "none"}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      <h2>Create a deployment</h2>
+      <form className="inline card" onSubmit={create} aria-label="Create a deployment">
+        <Field label="Name" error={errors.slug}><input value={form.slug} onChange={set("slug")} /></Field>
+        <Field label="Model" error={errors.model}>
+          <select value={form.model} onChange={set("model")}>
+            <option value="">choose…</option>
+            {models.map((m) => <option key={m.name} value={m.name}>{m.name}</option>)}
+          </select>
+        </Field>
+        <Field label="Mode" error={errors.mode}>
+          <select value={form.mode} onChange={set("mode")}>
+            <option value="colocated">colocated</option>
+            <option value="disaggregated">disaggregated</option>
+          </select>
+        </Field>
+        {form.mode === "colocated" ? (
+          <Field label="Replicas" error={errors.replicas}><input type="number" min={0} value={form.replicas} onChange={set("replicas")} /></Field>
+        ) : (
+          <>
+            <Field label="Prefill replicas" error={errors.prefill_replicas}><input type="number" min={0} value={form.prefill_replicas} onChange={set("prefill_replicas")} /></Field>
+            <Field label="Decode replicas" error={errors.decode_replicas}><input type="number" min={0} value={form.decode_replicas} onChange={set("decode_replicas")} /></Field>
+          </>
+        )}
+        <button type="submit">Create</button>
+        <ErrorText errors={errors} />
+      </form>
+    </>
+  );
+}
+
+export function DeploymentDetail() {
+  const { slug } = useParams();
+  const [dep, setDep] = useState<any>(null);
+  const [replicas, setReplicas] = useState<any[]>([]);
+  const [error, setError] = useState("");
+  const load = useCallback(() => {
+    api(`deployments/${slug}/`).then(setDep, (e) => setError(String(e.message)));
+    list(`replicas/?deployment__slug=${slug}`).then(setReplicas);
+  }, [slug]);
+  useEffect(() => {
+    load();
+    const timer = setInterval(load, 1500);
+    return () => clearInterval(timer);
+  }, [load]);
+  const act = async (action: string, body?: unknown) => {
+    if (!window.confirm(`${action} ${slug}?`)) return;
+    setError("");
+    try {
+      await api(`deployments/${slug}/${action}/`, { method: "POST", body });
+      load();
+    } catch (e: any) {
+      setError(e.message);
+    }
+  };
+  const scale = () => {
+    const n = window.prompt("Replicas:", String(dep?.replicas ?? 1));
+    if (n !== null) act("scale", { replicas: Number(n) });
+  };
+  if (!dep) return <p className="error">{error || "Loading…"}</p>;
+  const live = replicas.filter((r) => !["stopped"].includes(r.state));
+  return (
+    <>
+      <h1>{dep.slug}</h1>
+      <p>Model {dep.model} · {dep.mode} · desired <strong data-testid="desired">{dep.desired_state}</strong> · generation {dep.generation}</p>
+      <p>
+        <button onClick={() => act("start")}>Start</button> <button onClick={() => act("stop")}>Stop</button>{" "}
+        <button onClick={scale}>Scale</button> <button onClick={() => act("drain")}>Drain</button>{" "}
+        <button onClick={() => act("restart")}>Restart</button>
+      </p>
+      {error && <p className="error" role="alert">{error}</p>}
+      {["colocated", "prefill", "decode"].map((role) => {
+        const rs = live.filter((r) => r.role === role);
+        if (!rs.length) return null;
+        return (
+          <section key={role}>
+            <h2>{role} replicas</h2>
+            <table>
+              <thead><tr><th>#</th><th>State</th><th>Node</th><th>Load</th><th>Loading</th><th>Last error</th></tr></thead>
+              <tbody>
+                {rs.map((r) => (
+                  <tr key={r.id} data-replica={r.id}>
+                    <td>{r.id}</td>
+                    <td>{r.state}</td>
+                    <td>{r.node}</td>
+                    <td className="muted">
+                      {r.load?.running ?? 0} running, {r.load?.waiting ?? 0} waiting, {r.load?.tokens_per_second ?? 0} tok/s,
+                      KV {r.load?.kv_blocks_total ? `${r.load.kv_blocks_total - r.load.kv_blocks_free}/${r.load.kv_blocks_total}` : "–"}
+                    </td>
+                    <td>{r.progress?.stage ? `${r.progress.stage} (${Math.round(r.progress.fraction * 100)}%)` : ""}</td>
+                    <td className="error">{r.last_error}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+            {rs.map((r) => r.log_tail && (
+              <details key={r.id}><summary>Log of replica {r.id}</summary><pre>{r.log_tail}</pre></details>
+            ))}
+          </section>
+        );
+      })}
+    </>
+  );
+}

@@ -1,0 +1,75 @@
+import { FormEvent, useEffect, useRef, useState } from "react";
+import ReconnectingWebSocket from "reconnecting-websocket";
+import { list, wsUrl } from "../lib/api";
+import { Answer, applyEvent, newAnswer, stats } from "../lib/playground";
+
+export function Playground() {
+  const [deployments, setDeployments] = useState<any[]>([]);
+  const [model, setModel] = useState("");
+  const [message, setMessage] = useState("");
+  const [turns, setTurns] = useState<{ question: string; answer: Answer }[]>([]);
+  const ws = useRef<ReconnectingWebSocket | null>(null);
+  useEffect(() => {
+    list("deployments/").then((ds) => {
+      setDeployments(ds);
+      setModel((m) => m || ds.find((d: any) => d.replica_states?.ready)?.slug || ds[0]?.slug || "");
+    });
+    const socket = new ReconnectingWebSocket(wsUrl("/ws/generate/"));
+    socket.onmessage = (m) => {
+      const event = JSON.parse(m.data);
+      const now = performance.now();
+      setTurns((ts) => ts.map((t) => (t.answer.id === event.id ? { ...t, answer: applyEvent(t.answer, event, now) } : t)));
+    };
+    ws.current = socket;
+    return () => socket.close();
+  }, []);
+  const send = (e: FormEvent) => {
+    e.preventDefault();
+    if (!message.trim() || !model) return;
+    const id = `p${Date.now()}`;
+    const history = turns.flatMap((t) => [{ role: "user", content: t.question }, { role: "assistant", content: t.answer.text }]);
+    setTurns((ts) => [...ts, { question: message, answer: newAnswer(id, performance.now()) }]);
+    ws.current?.send(JSON.stringify({ id, model, messages: [...history, { role: "user", content: message }], max_tokens: 128 }));
+    setMessage("");
+  };
+  return (
+    <>
+      <h1>Playground</h1>
+      <form className="inline" onSubmit={send}>
+        <label>
+          Deployment
+          <select value={model} onChange={(e) => setModel(e.target.value)}>
+            {deployments.map((d) => <option key={d.slug} value={d.slug}>{d.slug}</option>)}
+          </select>
+        </label>
+        <label>
+          Message
+          <input size={60} value={message} onChange={(e) => setMessage(e.target.value)} />
+        </label>
+        <button type="submit">Send</button>
+        <button type="button" onClick={() => setTurns([])}>Clear</button>
+      </form>
+      <div role="log" aria-live="polite" className="log">
+        {turns.map(({ question, answer }) => {
+          const s = stats(answer);
+          return (
+            <div key={answer.id} className="turn">
+              <p><strong>You:</strong> {question}</p>
+              <p className="answer"><strong>{model}:</strong> {answer.text}
+                {answer.toolCalls.map((c, i) => <code key={i}> → {c.name}({c.arguments})</code>)}
+                {answer.error && <span className="error"> {answer.error}</span>}
+              </p>
+              <p className="muted stats">
+                {answer.done ? `done (${answer.finishReason ?? "error"})` : "streaming…"} · TTFT {ms(s.ttft)} · ITL {ms(s.itl)} ·{" "}
+                {s.tokensPerSecond ? `${s.tokensPerSecond.toFixed(1)} tok/s` : "– tok/s"} · cached tokens {s.cached ?? "–"} · replica{" "}
+                {answer.replica ?? "–"} ({answer.routeReason ?? "–"})
+              </p>
+            </div>
+          );
+        })}
+      </div>
+    </>
+  );
+}
+
+const ms = (v: number | null) => (v === null ? "–" : `${v.toFixed(1)} ms`);

@@ -1,0 +1,160 @@
+"""The admin console in a real browser (Debian's Chromium, headless, driven by Playwright)
+against the real stack: uvicorn, Celery beat and control worker, a node agent and the demo
+replica. Screenshots of every page go to test-artifacts/console/."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.support.stack import ROOT, free_port, processes, stack_env, wait_for
+from workers.demo import MODEL_DIR
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts" / "console"
+PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "API keys", "Events", "Playground"]
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.deployments.models import Replica
+    from controlplane.deployments.services import create_deployment
+    from controlplane.inventory.models import Node
+
+    assert (ROOT / "frontend" / "dist" / "index.html").is_file(), "build the console first: make setup"
+    assert Path(CHROMIUM).is_file(), "install Debian's chromium: make setup"
+    state = tmp_path_factory.mktemp("console")
+    node, port = f"ui-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1", TELEMETRY_INTERVAL="1")
+    with django_db_blocker.unblock():
+        get_user_model().objects.create_user("operator", password="pw-operator-1", is_staff=True)
+        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        with processes(state, node, env, web_port=port, beat=True):
+            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent")
+            demo = create_deployment({"slug": "demo", "model": model, "replicas": 1})
+            wait_for(lambda: Replica.objects.filter(deployment=demo, state="ready").exists(), 90, "the demo replica")
+            yield f"http://127.0.0.1:{port}"
+        call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture(scope="module")
+def browser(site):
+    """After `site`. Playwright's sync API keeps an event loop running in this thread, and
+    Django then refuses ORM calls from it (pytest-django's per-test transaction is one): the
+    ORM work here is plain synchronous code, so the check is lifted while the browser runs."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as p:
+        args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        yield b
+        b.close()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def page(browser, site):
+    context = browser.new_context(base_url=site, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations of actions
+    page.goto("/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill("pw-operator-1")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("navigation")).to_be_visible()
+    yield page
+    context.close()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_sign_in_is_refused_with_a_wrong_password(browser, site):
+    context = browser.new_context(base_url=site)
+    page = context.new_page()
+    page.goto("/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill("nope")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_have_text("Wrong username or password.")
+    shot(page, "login")
+    context.close()
+
+
+def test_every_page_renders_from_the_navigation(page):
+    nav = page.get_by_role("navigation")
+    for name in PAGES:
+        nav.get_by_role("link", name=name, exact=True).click()
+        expect(page.get_by_role("heading", level=1, name=name)).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        shot(page, name.lower().replace(" ", "-"))
+
+
+def test_deployments_create_validate_and_stop(page):
+    page.get_by_role("link", name="Deployments", exact=True).click()
+    expect(page.locator('tr[data-deployment="demo"] .states')).to_contain_text("1 ready")
+    form = page.get_by_role("form", name="Create a deployment")
+    form.get_by_label("Name").fill("demo")  # taken: the API's message shows under the field
+    form.get_by_label("Model").select_option("demo-model")
+    form.get_by_role("button", name="Create").click()
+    expect(form.get_by_text("already exists")).to_be_visible()
+    form.get_by_label("Name").fill("second")
+    form.get_by_role("button", name="Create").click()
+    row = page.locator('tr[data-deployment="second"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".states")).to_contain_text("ready", timeout=60_000)
+    row.get_by_role("link", name="second").click()
+    expect(page.get_by_role("heading", level=1, name="second")).to_be_visible()
+    page.get_by_role("button", name="Stop").click()
+    expect(page.get_by_test_id("desired")).to_have_text("stopped")
+    expect(page.locator("tr[data-replica]")).to_have_count(0, timeout=30_000)
+    shot(page, "deployment-detail")
+
+
+def test_playground_streams_the_answer_token_by_token(page):
+    page.get_by_role("link", name="Playground", exact=True).click()
+    page.get_by_label("Deployment").select_option("demo")
+    # Record every change of the answer's text as it happens.
+    page.evaluate(
+        """() => { window.__texts = [];
+        new MutationObserver(() => { const a = document.querySelector('[role=log] .answer');
+          if (a) window.__texts.push(a.textContent); })
+        .observe(document.querySelector('[role=log]'), {subtree: true, childList: true, characterData: true}); }"""
+    )
+    page.get_by_label("Message").fill("What is the capital of Japan?")
+    page.get_by_role("button", name="Send").click()
+    log = page.get_by_role("log")
+    expect(log).to_contain_text("The capital of Japan is Tokyo.", timeout=30_000)
+    expect(log.locator(".stats")).to_contain_text("done (stop)")
+    expect(log.locator(".stats")).to_contain_text("TTFT")
+    distinct = list(dict.fromkeys(page.evaluate("window.__texts")))
+    assert len(distinct) >= 3, distinct  # it grew in several steps, not all at once
+    assert all(b.startswith(a) for a, b in itertools.pairwise(distinct)), distinct
+    shot(page, "playground-answer")
+
+
+def test_overview_charts_move_live(page):
+    page.get_by_role("link", name="Overview", exact=True).click()
+    chart = page.locator('[data-deployment="demo"] [aria-label="Output tokens/s"]')
+    expect(chart).to_be_visible()
+    first = int(chart.get_attribute("data-points"))
+    page.wait_for_function(
+        """([sel, n]) => Number(document.querySelector(sel).dataset.points) >= n + 2""",
+        arg=['[data-deployment="demo"] [aria-label="Output tokens/s"]', first],
+        timeout=15_000,
+    )
+    shot(page, "overview-live")
+    meta = json.dumps({"points_when_opened": first})
+    (ARTIFACTS / "overview.json").write_text(meta)
