@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.db import connections
 from playwright.sync_api import expect, sync_playwright
 
 from tests.support.stack import ROOT, free_port, processes, stack_env, wait_for
@@ -60,6 +61,8 @@ def browser(site):
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         yield b
         b.close()
+        # Connections opened while Playwright's loop ran belong to that context: close them here.
+        connections.close_all()
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 

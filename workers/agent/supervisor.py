@@ -260,4 +260,7 @@ class Supervisor:
                 m.last_db_heartbeat = now
         elif now - m.last_db_heartbeat >= 2.0:
             m.last_db_heartbeat = now
-            Replica.objects.filter(pk=m.replica_id).update(last_heartbeat=timezone.now(), **fields)
+            # The log tail too, so the console shows what a running replica is saying.
+            Replica.objects.filter(pk=m.replica_id).update(
+                last_heartbeat=timezone.now(), log_tail=tail(m.log_path, 30), **fields
+            )
