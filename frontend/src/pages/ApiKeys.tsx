@@ -22,6 +22,18 @@ export function ApiKeys() {
       setErrors(fieldErrors(err));
     }
   };
+  const editLimits = async (k: any) => {
+    const rpm = window.prompt("Requests per minute (empty: no limit):", k.rpm_limit ?? "");
+    if (rpm === null) return;
+    const tpm = window.prompt("Tokens per minute (empty: no limit):", k.tpm_limit ?? "");
+    if (tpm === null) return;
+    try {
+      await api(`api-keys/${k.id}/`, { method: "PATCH", body: { rpm_limit: rpm ? Number(rpm) : null, tpm_limit: tpm ? Number(tpm) : null } });
+      load();
+    } catch (err) {
+      setErrors(fieldErrors(err));
+    }
+  };
   const revoke = async (id: number) => {
     if (!window.confirm("Revoke this key? Applications using it stop working.")) return;
     await api(`api-keys/${id}/revoke/`, { method: "POST" });
@@ -45,7 +57,10 @@ export function ApiKeys() {
               <td>{k.rpm_limit ?? "∞"} rpm · {k.tpm_limit ?? "∞"} tpm</td>
               <td>{k.last_used_at ? new Date(k.last_used_at).toLocaleString() : "never"}</td>
               <td>{k.revoked ? "revoked" : "active"}</td>
-              <td>{!k.revoked && <button onClick={() => revoke(k.id)}>Revoke</button>}</td>
+              <td>
+                {!k.revoked && <button onClick={() => editLimits(k)}>Edit limits</button>}{" "}
+                {!k.revoked && <button onClick={() => revoke(k.id)}>Revoke</button>}
+              </td>
             </tr>
           ))}
         </tbody>
