@@ -45,7 +45,11 @@ class RequestStream:
     async def next_event(self) -> dict:
         while True:
             try:
-                event = await asyncio.wait_for(self.queue.get(), LIVENESS_CHECK_SECONDS)
+                if self.queue.empty():  # wait; asyncio.timeout costs no extra task, unlike wait_for
+                    async with asyncio.timeout(LIVENESS_CHECK_SECONDS):
+                        event = await self.queue.get()
+                else:
+                    event = self.queue.get_nowait()
             except TimeoutError:
                 problem = await self.hub.replica_problem(self.replica_id, self.incarnation)
                 if problem:

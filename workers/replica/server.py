@@ -1,10 +1,11 @@
 """The replica loop: Redis request stream in, engine steps, token events out.
 
 Only the main thread touches the engine: it admits or aborts what arrived, runs one engine
-step, publishes the step's events in one pipeline (in order, so a request's `accepted` always
-precedes its deltas), heartbeats. The intake thread blocks on the request stream and queues
-what it reads, so no read waits in that loop. (Publishing from a second thread was measured
-slower: on a busy machine the hand-over cost more than the round trip it saved.)
+step, publishes the step's events in one write (in order, so a request's `accepted` always
+precedes its deltas) whose replies it reads a step later, heartbeats. The intake thread blocks
+on the request stream and queues what it reads, so no Redis round trip waits in that loop.
+(Publishing from a second thread was measured slower: on a busy machine the hand-over cost
+more than the round trip it saved.)
 SIGTERM drains: requests in flight finish, new ones are refused (503) so the gateway can send
 them elsewhere.
 """
@@ -56,6 +57,8 @@ class ReplicaServer:
         self._intake_redis = redis.Redis.from_url(spec.redis_url, decode_responses=True)
         self.incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: list[tuple[str, dict]] = []  # events of this loop pass, sent as one batch
+        self._publish_conn = redis.Redis.from_url(spec.redis_url).connection_pool.get_connection()
+        self._unread_replies = 0
         self._stopping = threading.Event()
         self.intake_error: BaseException | None = None
         self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
@@ -234,11 +237,18 @@ class ReplicaServer:
             self._pending.append((req.reply_to, event))
 
     def _flush(self) -> None:
+        """Send this pass's events in one write, without waiting for Redis' replies: they are
+        read at the next flush, by when they have long arrived, so no round trip sits between
+        two engine steps."""
+        conn = self._publish_conn
+        for _ in range(self._unread_replies):
+            conn.read_response()
+        self._unread_replies = 0
         if self._pending:
-            pipe = self.redis.pipeline(transaction=False)
-            for channel, event in self._pending:
-                pipe.publish(channel, protocol.encode(event))
-            pipe.execute()
+            conn.send_packed_command(
+                conn.pack_commands([("PUBLISH", channel, protocol.encode(event)) for channel, event in self._pending])
+            )
+            self._unread_replies = len(self._pending)
             self._pending = []
 
     def _logprob_entry(self, token_id: int, logprobs: dict[int, float], top: int | None) -> dict:
