@@ -7,6 +7,8 @@ export function Playground() {
   const [deployments, setDeployments] = useState<any[]>([]);
   const [model, setModel] = useState("");
   const [message, setMessage] = useState("");
+  const [tools, setTools] = useState("");
+  const [toolsError, setToolsError] = useState("");
   const [turns, setTurns] = useState<{ question: string; answer: Answer }[]>([]);
   const ws = useRef<ReconnectingWebSocket | null>(null);
   useEffect(() => {
@@ -26,10 +28,22 @@ export function Playground() {
   const send = (e: FormEvent) => {
     e.preventDefault();
     if (!message.trim() || !model) return;
+    let parsedTools: unknown = undefined;
+    if (tools.trim()) {
+      try {
+        parsedTools = JSON.parse(tools);
+        setToolsError("");
+      } catch (err) {
+        setToolsError(`Tools are not valid JSON: ${err}`);
+        return;
+      }
+    }
     const id = `p${Date.now()}`;
     const history = turns.flatMap((t) => [{ role: "user", content: t.question }, { role: "assistant", content: t.answer.text }]);
     setTurns((ts) => [...ts, { question: message, answer: newAnswer(id, performance.now()) }]);
-    ws.current?.send(JSON.stringify({ id, model, messages: [...history, { role: "user", content: message }], max_tokens: 128 }));
+    const request: any = { id, model, messages: [...history, { role: "user", content: message }], max_tokens: 128 };
+    if (parsedTools) request.tools = parsedTools;
+    ws.current?.send(JSON.stringify(request));
     setMessage("");
   };
   return (
@@ -49,6 +63,15 @@ export function Playground() {
         <button type="submit">Send</button>
         <button type="button" onClick={() => setTurns([])}>Clear</button>
       </form>
+      <details>
+        <summary>Tools (OpenAI "tools" JSON, optional)</summary>
+        <label>
+          Tools
+          <textarea rows={6} cols={90} value={tools} onChange={(e) => setTools(e.target.value)}
+            placeholder='[{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]' />
+        </label>
+        {toolsError && <p className="error">{toolsError}</p>}
+      </details>
       <div role="log" aria-live="polite" className="log">
         {turns.map(({ question, answer }) => {
           const s = stats(answer);
