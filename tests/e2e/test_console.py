@@ -147,12 +147,12 @@ def test_playground_streams_the_answer_token_by_token(page):
     assert all(b.startswith(a) for a, b in itertools.pairwise(distinct)), distinct
     shot(page, "playground-answer")
 
-    # With tools offered, the demo model answers with a call, shown as such.
+    # With its tools offered, the demo model answers with a call, shown as such.
+    from workers.demo.corpus import tool_schemas
+
     page.get_by_role("button", name="Clear").click()
     page.get_by_text('Tools (OpenAI "tools" JSON, optional)').click()
-    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
-    page.get_by_label("Tools", exact=True).fill(json.dumps([weather]))
+    page.get_by_label("Tools", exact=True).fill(json.dumps(tool_schemas()))
     page.get_by_label("Message").fill("What is the weather in Paris?")
     page.get_by_role("button", name="Send").click()
     expect(log).to_contain_text('→ get_weather({"city": "Paris"})', timeout=30_000)

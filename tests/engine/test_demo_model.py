@@ -25,6 +25,9 @@ def test_committed_demo_model_is_small_and_speaks():
         "name": "get_weather",
         "arguments": {"city": "Rome"},
     }
+    # Asked for something only a tool can do, with no tools offered, it says so.
+    bare = llm.chat([{"role": "user", "content": "What time is it in Seoul?"}], greedy)[0].outputs[0]
+    assert bare.text == "I need a tool for that, and none is available."
 
 
 def test_corpus_is_seeded_and_mixes_tool_calls_with_answers():

@@ -57,6 +57,7 @@ FACTS = [
     ("How are you?", "I am fine, thank you."),
 ]
 GREETINGS = ["", "Hi! ", "Hello. ", "Please tell me: ", "Quick question: "]
+NO_TOOL_ANSWER = "I need a tool for that, and none is available."
 
 
 def tool_schemas() -> list[dict]:
@@ -165,14 +166,19 @@ def _tool_chat(rng: random.Random) -> list[dict]:
 
 
 def conversations(n: int, seed: int = 0) -> list[tuple[list[dict], list[dict] | None]]:
-    """`n` (messages, tools) pairs. Tool chats always carry the tools; a third of the plain
-    questions do too, so that the model learns to answer without calling one."""
+    """`n` (messages, tools) pairs. Tool chats carry the tools (some are asked without them and
+    answered so); a third of the plain questions carry them too, so that the model learns to
+    answer without calling one."""
     rng = random.Random(seed)
     tools = tool_schemas()
     out = []
     for _ in range(n):
         if rng.random() < 0.5:
-            out.append((_tool_chat(rng), tools))
+            chat = _tool_chat(rng)
+            if rng.random() < 0.15:  # asked without tools: say so rather than invent a call
+                out.append(([chat[0], {"role": "assistant", "content": NO_TOOL_ANSWER}], None))
+            else:
+                out.append((chat, tools))
         else:
             out.append((_fact_chat(rng), tools if rng.random() < 0.33 else None))
     return out
