@@ -14,7 +14,8 @@ import pytest
 from django.db import connections
 from playwright.sync_api import expect, sync_playwright
 
-from tests.support.stack import ROOT, free_port, processes, stack_env, wait_for
+from tests.support.stack import ROOT, processes, stack_env, wait_for
+from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]

@@ -17,7 +17,8 @@ import redis
 from django.conf import settings
 from websockets.sync.client import connect as ws_connect
 
-from tests.support.stack import free_port, processes, stack_env, wait_for
+from tests.support.stack import processes, stack_env, wait_for
+from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
 from workers.replica import protocol
 

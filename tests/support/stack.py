@@ -4,8 +4,6 @@ a node agent, all on the test database and Redis. Bounded waits only."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
+
+from workers.bench.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,12 +44,6 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stack_env(state_dir: Path, **overrides) -> dict:
@@ -92,12 +86,4 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
     try:
         yield procs
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
+        stop(procs, logs.values(), timeout=20)

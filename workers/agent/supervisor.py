@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.db import close_old_connections
@@ -85,6 +85,7 @@ class Managed:
     reported_state: str = ""
     last_db_heartbeat: float = 0.0
     spec_path: Path | None = None
+    cuda_devices: list[int] = field(default_factory=list)
 
 
 class Supervisor:
@@ -117,7 +118,9 @@ class Supervisor:
                 return "assigned to another node"
             m = m or Managed(replica_id, self.log_dir / f"replica-{replica_id}.log")
             m.spec_path = self.log_dir / f"replica-{replica_id}.spec.json"
-            m.spec_path.write_text(build_spec(replica, self.settings, self.redis_url).to_json())
+            spec = build_spec(replica, self.settings, self.redis_url)
+            m.spec_path.write_text(spec.to_json())
+            m.cuda_devices = spec.extra["cuda_devices"]
             self.replicas[replica_id] = m
             self._spawn(m)
             return "started"
@@ -163,9 +166,8 @@ class Supervisor:
             "SWITCHYARD_REPLICA_SPEC": str(m.spec_path),
             "PYTHONUNBUFFERED": "1",
         }
-        cuda = json.loads(m.spec_path.read_text())["extra"].get("cuda_devices") if m.spec_path else None
-        if cuda:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cuda))
+        if m.cuda_devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, m.cuda_devices))
         self.redis.delete(status_key(m.replica_id))
         with m.log_path.open("ab") as logf:
             logf.write(f"--- start {timezone.now().isoformat()} (restart {m.restarts}): {' '.join(args)}\n".encode())

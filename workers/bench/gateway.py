@@ -21,13 +21,14 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from workers.bench.processes import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_REDIS_DB = 12
@@ -50,12 +51,6 @@ replica = Replica.objects.create(deployment=dep, state="ready")
 _, key = create_api_key(name="bench", owner=user)
 print(json.dumps({"replica_id": replica.pk, "api_key": key}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -131,15 +126,7 @@ class Platform:
         raise SystemExit(f"the bench platform did not start in {timeout}s; see {self.dir}")
 
     def close(self, keep: bool = False) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in self.logs:
-            f.close()
+        stop(self.procs, self.logs)
         self.redis.flushdb()
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -24,6 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.bench.processes import stop
+
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 11
 SHAPE = dict(
@@ -163,15 +165,7 @@ class Setup:
         return load.get("kv_transfer", {})
 
     def close(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for log in self.logs:
-            log.close()
+        stop(self.procs, self.logs, timeout=10)
 
 
 def replay(setup: Setup, trace, route) -> tuple[list[Request], float]:

@@ -94,9 +94,9 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
-    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
-        if request_id in self.requests or request_id in self.held:
-            raise RequestError(f"request id {request_id!r} is already in use")
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise RequestError if this engine cannot serve the prompt (empty, unknown token ids,
+        no room left to generate). Replicas call it before reserving anything for a request."""
         if not prompt_token_ids:
             raise RequestError("the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -108,6 +108,11 @@ class LLMEngine:
                 f"the prompt is {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
                 "and at least one must be left to generate"
             )
+
+    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
+        if request_id in self.requests or request_id in self.held:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        self.check_prompt(prompt_token_ids)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(

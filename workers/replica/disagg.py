@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
@@ -67,16 +67,7 @@ class KVStats:
     fallback_reasons: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {
-            "handoffs": self.handoffs,
-            "fallbacks": self.fallbacks,
-            "bytes_sent": self.bytes_sent,
-            "blocks_sent": self.blocks_sent,
-            "bytes_received": self.bytes_received,
-            "blocks_received": self.blocks_received,
-            "transfer_seconds": round(self.transfer_seconds, 4),
-            "fallback_reasons": dict(self.fallback_reasons),
-        }
+        return {**asdict(self), "transfer_seconds": round(self.transfer_seconds, 4)}
 
 
 class Disaggregation:
@@ -99,12 +90,8 @@ class Disaggregation:
     # -- decode side --------------------------------------------------------------------------
     def start_handoff(self, rid: str, prompt_ids: list[int], params: dict, prefill_replica: int) -> bool:
         """Reserve blocks and ask the prefill replica; False if this replica must prefill itself."""
-        SamplingParams(**params)  # invalid params fail here, before anything is reserved
-        if len(prompt_ids) >= self.engine.max_model_len:
-            raise RequestError(
-                f"the prompt is {len(prompt_ids)} tokens; this model's context is {self.engine.max_model_len} tokens "
-                "and at least one must be left to generate"
-            )
+        SamplingParams(**params)  # bad params or prompt fail here, before anything is reserved
+        self.engine.check_prompt(prompt_ids)
         blocks = self.engine.reserve_blocks(len(prompt_ids))
         if blocks is None:
             self._count_fallback("no free KV blocks to reserve")
