@@ -43,7 +43,8 @@ def test_rotary(dtype):
     table = cos_sin_table(32, 64, RopeConfig(theta=10000.0)).to(DEVICE)
     x = rand(6, 3, 32, dtype=dtype)
     pos = torch.tensor([0, 1, 5, 63, 17, 2], device=DEVICE)
-    close(rotary.apply_rotary_triton(x, pos, table), rotary.apply_rotary_ref(x, pos, table), dtype)
+    rows = table.index_select(0, pos)
+    close(rotary.apply_rotary_triton(x, rows), rotary.apply_rotary_ref(x, rows), dtype)
 
 
 def test_kv_write(dtype):
@@ -110,5 +111,30 @@ def test_paged_decode_ref_groups_very_different_lengths_without_changing_results
     ctx = torch.tensor([5, 230, 9], dtype=torch.int32, device=DEVICE)  # the long one gets its own group
     q = rand(3, 4, 32, dtype=dtype)
     grouped = paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.17)
-    close(grouped, paged_attention._decode_group(q, kc, vc, tables, ctx, 0.17), dtype)
+    assert len(paged_attention.plan_decode(tables, ctx, bs, dtype)) == 2  # the long context alone
+    one_group = [paged_attention.DecodeGroup(None, tables.reshape(-1), 30, _padding_mask(ctx, 30 * bs, dtype))]
+    close(grouped, paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.17, one_group), dtype)
     close(grouped, paged_attention.paged_decode_triton(q, kc, vc, tables, ctx, 0.17), dtype)
+
+
+def test_decode_reference_equals_dense_attention():
+    """The decode reference itself: each sequence's one query against its own scattered context
+    (GQA, padding past its length ignored) equals plain softmax attention."""
+    torch.manual_seed(2)
+    kc, vc = torch.randn(10, 4, 2, 8), torch.randn(10, 4, 2, 8)
+    tables = torch.tensor([[7, 2, 9], [4, 0, 0]], dtype=torch.int32)
+    ctx = torch.tensor([11, 3])
+    q = torch.randn(2, 4, 8)
+    out = paged_attention.paged_decode_ref(q, kc, vc, tables, ctx, 0.3)
+    for s in range(2):
+        k = kc[tables[s].long()].flatten(0, 1)[: ctx[s]].repeat_interleave(2, 1)
+        v = vc[tables[s].long()].flatten(0, 1)[: ctx[s]].repeat_interleave(2, 1)
+        probs = (torch.einsum("hd,khd->hk", q[s], k) * 0.3).softmax(-1)
+        assert torch.allclose(out[s], torch.einsum("hk,khd->hd", probs, v), atol=1e-5)
+
+
+def _padding_mask(ctx, width, dtype):
+    mask = torch.zeros(len(ctx), 1, 1, width, dtype=dtype, device=DEVICE)
+    return mask.masked_fill_(
+        (torch.arange(width, device=DEVICE) >= ctx[:, None]).view(len(ctx), 1, 1, -1), float("-inf")
+    )

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from workers.engine import kernels
 from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.layers.attention import AttentionMetadata
 from workers.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -103,5 +104,9 @@ class ModelRunner:
         if batch.decodes:
             meta.decode_context_lens = self._tensor([s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32)
             meta.decode_block_tables = self._block_tables(batch.decodes)
+            if not kernels.use_triton(meta.decode_block_tables):
+                meta.decode_plan = kernels.plan_decode(
+                    meta.decode_block_tables, meta.decode_context_lens, self.block_size, self.kv_cache.dtype
+                )
         logits = self.model(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices))
         return logits, sampling

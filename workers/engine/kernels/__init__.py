@@ -16,6 +16,7 @@ from workers.engine.kernels.paged_attention import (
     paged_decode_triton,
     paged_prefill_ref,
     paged_prefill_triton,
+    plan_decode,
 )
 from workers.engine.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from workers.engine.kernels.rotary import apply_rotary_ref, apply_rotary_triton
@@ -35,8 +36,8 @@ def silu_and_mul(x):
     return silu_and_mul_triton(x) if use_triton(x) else silu_and_mul_ref(x)
 
 
-def apply_rotary(x, positions, cos_sin):
-    return apply_rotary_triton(x, positions, cos_sin) if use_triton(x) else apply_rotary_ref(x, positions, cos_sin)
+def apply_rotary(x, cos_sin):
+    return apply_rotary_triton(x, cos_sin) if use_triton(x) else apply_rotary_ref(x, cos_sin)
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping):
@@ -44,9 +45,9 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     fn(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, plan=None):
     fn = paged_decode_triton if use_triton(q) else paged_decode_ref
-    return fn(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return fn(q, k_cache, v_cache, block_tables, context_lens, scale, plan)
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale):
@@ -54,4 +55,13 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, sc
     return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale)
 
 
-__all__ = ["apply_rotary", "paged_decode", "paged_prefill", "rms_norm", "silu_and_mul", "use_triton", "write_kv"]
+__all__ = [
+    "apply_rotary",
+    "paged_decode",
+    "paged_prefill",
+    "plan_decode",
+    "rms_norm",
+    "silu_and_mul",
+    "use_triton",
+    "write_kv",
+]

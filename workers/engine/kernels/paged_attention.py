@@ -13,6 +13,8 @@ block_tables [seqs, max_blocks] (int32, padded with any valid block id); context
 sequence's query range in q.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -24,10 +26,20 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, blocks).flatten(0, 1)
 
 
-def paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """Batched over sequences, each padded to the longest context of its group. Sequences of
-    very different lengths go in separate groups, so that one long context does not make every
-    short one in the batch pay for its length."""
+@dataclass
+class DecodeGroup:
+    """Sequences of similar context length, attended together padded to the longest of them."""
+
+    rows: torch.Tensor | None  # their indices in the batch; None: the whole batch, in order
+    blocks: torch.Tensor  # [seqs * n_blocks] each sequence's first n_blocks block ids, flattened
+    n_blocks: int
+    mask: torch.Tensor  # [seqs, 1, 1, n_blocks * block_size]: 0 inside the context, -inf past it
+
+
+def plan_decode(block_tables, context_lens, block_size: int, dtype: torch.dtype) -> list[DecodeGroup]:
+    """The part of decode attention that is the same in every layer, so a step builds it once.
+    Sequences of very different lengths go in separate groups, so that one long context does not
+    make every short one in the batch pay for its length."""
     lens = context_lens.tolist()
     order = sorted(range(len(lens)), key=lens.__getitem__)
     groups, current = [], [order[0]]
@@ -38,31 +50,44 @@ def paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale: flo
         else:
             current.append(i)
     groups.append(current)
-    if len(groups) == 1:
-        return _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale)
-    out = torch.empty_like(q)
+    plan = []
     for group in groups:
-        idx = torch.tensor(group, device=q.device)
-        out[idx] = _decode_group(q[idx], k_cache, v_cache, block_tables[idx], context_lens[idx], scale)
+        rows = None if len(groups) == 1 else torch.tensor(group, device=context_lens.device)
+        tables = block_tables if rows is None else block_tables[rows]
+        ctx = context_lens if rows is None else context_lens[rows]
+        n_blocks = -(-max(lens[i] for i in group) // block_size)
+        pos = torch.arange(n_blocks * block_size, device=ctx.device)
+        mask = torch.zeros(len(group), 1, 1, pos.numel(), dtype=dtype, device=ctx.device)
+        mask.masked_fill_((pos[None, :] >= ctx[:, None]).view(len(group), 1, 1, -1), float("-inf"))
+        plan.append(DecodeGroup(rows, tables[:, :n_blocks].reshape(-1), n_blocks, mask))
+    return plan
+
+
+def paged_decode_ref(q, k_cache, v_cache, block_tables, context_lens, scale: float, plan=None) -> torch.Tensor:
+    """`plan`: this step's `plan_decode(...)`, when the caller made it once for all layers."""
+    if plan is None:
+        plan = plan_decode(block_tables, context_lens, k_cache.shape[1], q.dtype)
+    if len(plan) == 1 and plan[0].rows is None:
+        return _decode_group(q, k_cache, v_cache, plan[0], scale)
+    out = torch.empty_like(q)
+    for group in plan:
+        out[group.rows] = _decode_group(q[group.rows], k_cache, v_cache, group, scale)
     return out
 
 
-def _decode_group(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+def _decode_group(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
     seqs, heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
-    max_len = int(context_lens.max())
-    n_blocks = -(-max_len // k_cache.shape[1])
-    tables = block_tables[:, :n_blocks].long()
-    # [seqs, T, kv_heads, dim] → [seqs, kv_heads, T, dim]
-    k = k_cache[tables].flatten(1, 2).transpose(1, 2)
-    v = v_cache[tables].flatten(1, 2).transpose(1, 2)
-    qg = q.view(seqs, kv_heads, group, dim)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [seqs, kv_heads, group, T]
-    pos = torch.arange(k.shape[2], device=q.device)
-    scores.masked_fill_((pos[None, :] >= context_lens[:, None]).view(seqs, 1, 1, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).view(seqs, heads, dim)
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    # One gather of each sequence's blocks, [seqs, T, kv_heads, dim], seen as [seqs, kv_heads, T, dim]
+    # without a copy. index_select copies ~2x faster than advanced indexing here, and SDPA reads the
+    # strided view directly (a matmul would copy it again: half the step at batch 32 on CPU).
+    shape = (seqs, group.n_blocks * block_size, kv_heads, dim)
+    k = k_cache.index_select(0, group.blocks).view(shape).transpose(1, 2)
+    v = v_cache.index_select(0, group.blocks).view(shape).transpose(1, 2)
+    # GQA: a kv head's query heads are that head's "query tokens" [seqs, kv_heads, group, dim].
+    qg = q.view(seqs, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask.to(q.dtype), scale=scale)
+    return out.reshape(seqs, heads, dim)
 
 
 def paged_prefill_ref(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float) -> torch.Tensor:
@@ -142,7 +167,8 @@ def _decode_kernel(
     tl.store(out_ptr + (seq * n_heads + head) * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: float, plan=None) -> torch.Tensor:
+    """`plan` is the torch reference's; the kernel needs none."""
     seqs, heads, dim = q.shape
     out = torch.empty_like(q)
     _decode_kernel[(seqs, heads)](

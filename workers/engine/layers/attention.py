@@ -25,6 +25,7 @@ class AttentionMetadata:
     # decode part
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
+    decode_plan: list | None = None  # torch path: `kernels.plan_decode`, built once per step
 
 
 class PagedAttention(nn.Module):
@@ -60,5 +61,11 @@ class PagedAttention(nn.Module):
 
     def _decode(self, q, meta):
         return kernels.paged_decode(
-            q, self.k_cache, self.v_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            q,
+            self.k_cache,
+            self.v_cache,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            self.scale,
+            meta.decode_plan,
         )

@@ -36,16 +36,22 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
-    def forward(self, x, positions, cos_sin, meta: AttentionMetadata):
+    def forward(self, x, rope, meta: AttentionMetadata):
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = kernels.apply_rotary(q, positions, cos_sin)
-        k = kernels.apply_rotary(k, positions, cos_sin)
+        qk_size = self.q_size + self.kv_size
+        v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # q and k sit side by side in qkv: one rotary call turns both (a decode step is
+            # dozens of small ops per layer, so each one saved shows at batch 1).
+            qk = kernels.apply_rotary(
+                qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim), rope
+            )
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : qk_size].view(-1, self.num_kv_heads, self.head_dim))
+            q = kernels.apply_rotary(q, rope)
+            k = kernels.apply_rotary(k, rope)
         out = self.attn(q, k, v, meta)
         return self.o_proj(out.view(-1, self.q_size))
 
@@ -68,8 +74,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, cos_sin, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, cos_sin, meta)
+    def forward(self, x, rope, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -82,8 +88,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, cos_sin, meta):
         x = self.embed_tokens(input_ids)
+        rope = cos_sin.index_select(0, positions)  # each token's cos/sin row, shared by every layer
         for layer in self.layers:
-            x = layer(x, positions, cos_sin, meta)
+            x = layer(x, rope, meta)
         return self.norm(x)
 
 
