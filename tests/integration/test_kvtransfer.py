@@ -48,3 +48,28 @@ def test_layout_rules_and_addresses(model_dir):
     assert segments[2] == 1000 + (8 + 2) * size  # layer 0, values
     src, dst, lengths = merge_runs(segments, segments, size)
     assert lengths[0] == 2 * size and len(src) == len(dst) == 2 * layout["num_layers"]
+
+
+def test_a_write_the_peer_refuses_fails_once_it_has_ended(model_dir):
+    """Real failures, no fakes: blocks addressed outside the peer's registered memory, and a peer
+    that is gone. The transfer reports the failure only when nothing of it is in flight."""
+    import time
+
+    from workers.kvtransfer import KVTransferError
+
+    config = EngineConfig(model=str(model_dir), dtype="float32", block_size=4, num_kv_blocks=8)
+    sender, receiver = LLMEngine(config), LLMEngine(config)
+    src = MooncakeKV(sender.runner.kv_cache, sender.kv_layout())
+    dst = MooncakeKV(receiver.runner.kv_cache, receiver.kv_layout())
+    outside = {**dst.endpoint(), "base": dst.endpoint()["base"] + receiver.runner.kv_cache.nbytes}
+    transfer = src.start_write(outside, [0, 1], [0, 1])
+    deadline = time.monotonic() + 20
+    with pytest.raises(KVTransferError, match=f"write to {dst.session} failed"):
+        while not transfer.poll():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    assert not transfer.pending
+
+    gone = {**dst.endpoint(), "session": "127.0.0.1:1"}  # nothing listens on port 1
+    with pytest.raises(KVTransferError, match="could not start a write to 127.0.0.1:1"):
+        src.start_write(gone, [0], [0]).poll()

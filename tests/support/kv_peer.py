@@ -2,6 +2,7 @@
 KV blocks into the parent's reserved blocks, and reports the sha256 of what it sent."""
 
 import hashlib
+import time
 
 
 def prefill_and_send(model_dir: str, prompt: list[int], remote: dict, remote_blocks: list[int], conn) -> None:
@@ -16,7 +17,12 @@ def prefill_and_send(model_dir: str, prompt: list[int], remote: dict, remote_blo
     while engine.has_unfinished_requests():
         engine.step()
     local = engine.held["p"].block_table[: len(remote_blocks)]
-    moved = kv.write_blocks(remote, local, remote_blocks)
+    transfer = kv.start_write(remote, local, remote_blocks)
+    deadline = time.monotonic() + 30
+    while not transfer.poll():  # what the replica loop does between steps
+        assert time.monotonic() < deadline, "the write did not end in 30 s"
+        time.sleep(0.001)
+    moved = transfer.nbytes
     digest = hashlib.sha256(engine.runner.kv_cache[:, :, local].contiguous().numpy().tobytes()).hexdigest()
     conn.send((moved, digest))
     conn.close()

@@ -12,9 +12,12 @@ Decode replica (it owns the client's stream):
   the deadline plus a grace period, so a late write can never land in reused memory.
 
 Prefill replica: checks the layout (a mismatch is refused with the reason), computes the
-prompt (its own prefix cache applies) with max_tokens=1 holding the blocks, writes them into
-the decode replica's reserved blocks with Mooncake, then sends `prefilled`. It starts no
-transfer after the deadline.
+prompt (its own prefix cache applies) with max_tokens=1 holding the blocks, and starts writing
+them into the decode replica's reserved blocks with Mooncake. It goes on computing other prompts
+while the write is in flight, polls it each loop pass, and sends `prefilled` (or
+`prefill_failed`) once the write has ended, never before: the decode side reuses the blocks
+when it hears back. It starts no transfer after the deadline, and keeps its own blocks until the
+write has ended, even past the deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.kvtransfer import KVTransferError, layout_mismatch
+from workers.kvtransfer.mooncake import Transfer
 from workers.replica import protocol
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,17 @@ class PrefillJob:
 
 
 @dataclass
+class Sending:
+    """A prefilled prompt whose blocks are on their way to the decode replica."""
+
+    job: PrefillJob
+    transfer: Transfer
+    first_token: int
+    logprobs: dict | None
+    cached_tokens: int
+
+
+@dataclass
 class KVStats:
     handoffs: int = 0
     fallbacks: int = 0
@@ -81,7 +96,8 @@ class Disaggregation:
         self.layout = {**self.engine.kv_layout(), "model": server.spec.model_name}
         self.waiting: dict[str, Handoff] = {}  # decode side
         self.quarantine: list[tuple[float, str, list[int]]] = []  # (until, request id, blocks)
-        self.jobs: dict[str, PrefillJob] = {}  # prefill side
+        self.jobs: dict[str, PrefillJob] = {}  # prefill side: prompts being computed
+        self.sending: dict[str, Sending] = {}  # prefill side: blocks being written
         self.stats = KVStats()
 
     def endpoint(self) -> dict:
@@ -161,7 +177,10 @@ class Disaggregation:
         return True
 
     def tick(self) -> None:
-        """Each loop pass: give up on handoffs past their deadline; end quarantines."""
+        """Each loop pass: answer for writes that have ended; give up on handoffs past their
+        deadline; end quarantines."""
+        for rid, sending in list(self.sending.items()):
+            self._poll_write(rid, sending)
         now = time.time()
         for rid, handoff in list(self.waiting.items()):
             if now >= handoff.deadline:
@@ -224,7 +243,7 @@ class Disaggregation:
         self.jobs[rid] = PrefillJob(remote, list(message["blocks"]), reply, float(message["deadline"]), len(prompt))
 
     def on_prefill_delta(self, delta) -> bool:
-        """A step's delta for one of our prefill jobs: send the blocks, hand over the token."""
+        """A step's delta for one of our prefill jobs: start writing its blocks."""
         job = self.jobs.pop(delta.request_id, None)
         if job is None:
             return False
@@ -232,34 +251,48 @@ class Disaggregation:
         try:
             if time.time() >= job.deadline:
                 raise KVTransferError("the deadline passed before the transfer started")
-            held = self.engine.held[rid]
-            local = held.block_table[: len(job.blocks)]
-            started = time.monotonic()
-            moved = self.kv.write_blocks(job.remote, local, job.blocks)
-            seconds = time.monotonic() - started
+            local = self.engine.held[rid].block_table[: len(job.blocks)]
+            transfer = self.kv.start_write(job.remote, local, job.blocks)
         except (KVTransferError, KeyError) as exc:
+            self.engine.release_held(rid)
             self._reply(job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
             return True
-        finally:
-            self.engine.release_held(rid)
-        self.stats.handoffs += 1
-        self.stats.bytes_sent += moved
-        self.stats.blocks_sent += len(job.blocks)
-        self.stats.transfer_seconds += seconds
         lp = delta.new_logprobs[0] if delta.new_logprobs else None
+        sending = Sending(job, transfer, delta.new_token_ids[0], lp, delta.num_cached_tokens)
+        self.sending[rid] = sending
+        self._poll_write(rid, sending)  # a write that could not start ends here
+        return True
+
+    def _poll_write(self, rid: str, sending: Sending) -> None:
+        """Once the write has ended: free our blocks and answer the decode replica."""
+        transfer = sending.transfer
+        try:
+            if not transfer.poll():
+                return
+        except KVTransferError as exc:
+            del self.sending[rid]
+            self.engine.release_held(rid)
+            self._reply(sending.job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            return
+        del self.sending[rid]
+        self.engine.release_held(rid)
+        self.stats.handoffs += 1
+        self.stats.bytes_sent += transfer.nbytes
+        self.stats.blocks_sent += transfer.nblocks
+        self.stats.transfer_seconds += transfer.seconds
+        lp = sending.logprobs
         self._reply(
-            job.reply_stream,
+            sending.job.reply_stream,
             {
                 "type": "prefilled",
                 "id": rid,
-                "first_token": delta.new_token_ids[0],
+                "first_token": sending.first_token,
                 "logprobs": {str(k): v for k, v in lp.items()} if lp else None,
-                "cached_tokens": delta.num_cached_tokens,
-                "bytes": moved,
-                "transfer_ms": round(seconds * 1000, 3),
+                "cached_tokens": sending.cached_tokens,
+                "bytes": transfer.nbytes,
+                "transfer_ms": round(transfer.seconds * 1000, 3),
             },
         )
-        return True
 
     def prefill_tokens_inflight(self) -> int:
         return sum(job.num_prompt_tokens for job in self.jobs.values())

@@ -31,6 +31,7 @@ from workers.replica.protocol import ReplicaSpec
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.1
+TRANSFER_POLL_SECONDS = 0.001
 READ_BLOCK_MS = 1000
 READ_BATCH = 256
 
@@ -85,11 +86,13 @@ class ReplicaServer:
         threading.Thread(target=self._intake_loop, name="intake", daemon=True).start()
         self._heartbeat("ready", force=True)
         log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model)
-        while not (self.draining and not self.inflight):
+        while not (self.draining and not self.inflight and not self._writing()):
             if self.intake_error is not None:  # Redis is gone: exit, the supervisor restarts us
                 raise RuntimeError("the intake thread failed") from self.intake_error
-            busy = self.engine.has_unfinished_requests()
-            self._take_incoming(wait=not busy)
+            if self.engine.has_unfinished_requests():
+                self._take_incoming(wait=0)
+            else:  # idle; a KV write in flight is polled every millisecond
+                self._take_incoming(wait=TRANSFER_POLL_SECONDS if self._writing() else IDLE_WAIT_SECONDS)
             if self.disagg is not None:
                 self.disagg.tick()
             if self.engine.has_unfinished_requests():
@@ -125,10 +128,14 @@ class ReplicaServer:
                     except (KeyError, ValueError):
                         log.warning("dropping malformed stream entry %s", entry_id)
 
-    def _take_incoming(self, wait: bool) -> None:
-        """Admit or abort everything queued; when idle, wait a little for the first message."""
+    def _writing(self) -> bool:
+        """A prefill replica with KV writes in flight: it must not exit or sleep long."""
+        return self.disagg is not None and bool(self.disagg.sending)
+
+    def _take_incoming(self, wait: float) -> None:
+        """Admit or abort everything queued; wait up to `wait` seconds for the first message."""
         try:
-            message = self.incoming.get(timeout=IDLE_WAIT_SECONDS) if wait else self.incoming.get_nowait()
+            message = self.incoming.get(timeout=wait) if wait else self.incoming.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -293,6 +300,7 @@ class ReplicaServer:
         }
         if self.disagg is not None:
             load["prefill_tokens_inflight"] = self.disagg.prefill_tokens_inflight()
+            load["kv_writes_inflight"] = len(self.disagg.sending)
             load["handoffs_waiting"] = len(self.disagg.waiting)
             load["kv_transfer"] = self.disagg.stats.as_dict()
         endpoint = {"stream": self.stream, "pid": os.getpid(), "max_model_len": self.engine.max_model_len}
