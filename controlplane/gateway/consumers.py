@@ -20,7 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.gateway import generation
 from controlplane.gateway.openai_request import OpenAIError, parse_chat
-from controlplane.gateway.openai_views import ChatShaper
+from controlplane.gateway.openai_views import ChatShaper, finish_reason
 from controlplane.gateway.tool_calls import ToolCall
 
 MAX_CONCURRENT_PER_SOCKET = 64
@@ -83,18 +83,13 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                                   "replica": gen.route.replica_id, "route_reason": gen.route.reason})  # fmt: skip
             shaper = ChatShaper(req)
             async for event in gen.events():
-                if event["type"] == "error":
-                    await self._error(rid, OpenAIError(502, event["message"], code="replica_error"))
-                    return
                 for piece in shaper.pieces(event):
                     if isinstance(piece, ToolCall):
                         await self.send_json({"type": "tool_call", "id": rid, "tool_call": piece.as_openai()})
                     elif piece:
                         await self.send_json({"type": "token", "id": rid, "text": piece})
                 if event.get("finish_reason"):
-                    reason = (
-                        "tool_calls" if shaper.calls and event["finish_reason"] == "stop" else event["finish_reason"]
-                    )
+                    reason = finish_reason(event["finish_reason"], bool(shaper.calls))
                     await self.send_json({"type": "done", "id": rid, "finish_reason": reason, "usage": event["usage"],
                                           "timings": {**gen.timings(), "replica": event.get("timings")}})  # fmt: skip
         except OpenAIError as exc:

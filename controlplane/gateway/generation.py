@@ -104,9 +104,12 @@ class Generation:
     first_token_at: float | None = None
 
     async def events(self):
-        """Delta events, then the stream ends; an `error` event ends it early."""
+        """Delta events, then the stream ends. A replica's `error` event (it failed, died or
+        restarted under the request) ends it early with an OpenAIError 502."""
         try:
             async for event in self.stream:
+                if event.get("type") == "error":
+                    raise OpenAIError(502, event.get("message", "replica error"), code="replica_error")
                 if event.get("type") == "delta" and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
                 if event.get("usage"):

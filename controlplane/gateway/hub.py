@@ -27,10 +27,6 @@ LIVENESS_CHECK_SECONDS = 0.5
 MAX_CONNECTIONS = 64
 
 
-class ReplicaGone(Exception):
-    pass
-
-
 class RequestStream:
     """The events of one request, in order; ends after the last delta or an error."""
 
@@ -120,19 +116,16 @@ class ReplicaHub:
         await self.start()
         stream = RequestStream(self, replica_id, request_id, incarnation)
         self.queues[request_id] = stream.queue
-        payload = {**message, "type": "generate", "id": request_id, "reply_to": self.channel}
-        await self.redis.xadd(
-            protocol.requests_key(replica_id),
-            {"m": protocol.encode(payload)},
-            maxlen=protocol.REQUEST_STREAM_MAXLEN,
-            approximate=True,
-        )
+        await self._send(replica_id, {**message, "type": "generate", "id": request_id, "reply_to": self.channel})
         return stream
 
     async def abort(self, replica_id: int, request_id: str) -> None:
+        await self._send(replica_id, {"type": "abort", "id": request_id})
+
+    async def _send(self, replica_id: int, message: dict) -> None:
         await self.redis.xadd(
             protocol.requests_key(replica_id),
-            {"m": protocol.encode({"type": "abort", "id": request_id})},
+            {"m": protocol.encode(message)},
             maxlen=protocol.REQUEST_STREAM_MAXLEN,
             approximate=True,
         )

@@ -52,8 +52,6 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     params: dict = field(default_factory=dict)  # engine SamplingParams fields
     logprobs: bool = False
-    top_logprobs: int = 0
-    user: str | None = None
     timing: bool = False  # `x-switchyard-timing: 1`: stream chunks carry when the replica produced them
 
     def replica_message(self) -> dict:
@@ -91,19 +89,19 @@ def _typed(body: dict, name: str, kinds, default=None, *, what: str):
     return value
 
 
-def _number(body, name, default=None, lo=None, hi=None):
-    value = _typed(body, name, (int, float), default, what="a number")
-    if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
-        raise bad(f"'{name}' must be between {lo} and {hi}, got {value}.", name)
-    return value
-
-
-def _integer(body, name, default=None, lo=None, hi=None):
-    value = _typed(body, name, int, default, what="an integer")
+def _in_range(name: str, value, lo, hi):
     if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         raise bad(f"'{name}' must be {bounds}, got {value}.", name)
     return value
+
+
+def _number(body, name, default=None, lo=None, hi=None):
+    return _in_range(name, _typed(body, name, (int, float), default, what="a number"), lo, hi)
+
+
+def _integer(body, name, default=None, lo=None, hi=None):
+    return _in_range(name, _typed(body, name, int, default, what="an integer"), lo, hi)
 
 
 UNSUPPORTED = {"best_of": 1, "n": 1, "echo": False, "suffix": None, "logit_bias": None}
@@ -141,14 +139,13 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     }
     if params["top_p"] == 0:
         raise bad("'top_p' must be greater than 0.", "top_p")
-    user = _typed(body, "user", str, None, what="a string")
+    _typed(body, "user", str, None, what="a string")  # accepted (OpenAI clients send it), not used
     return GenerationRequest(
         kind=kind,
         model=model,
         stream=stream,
         include_usage=bool(stream and options.get("include_usage")),
         params=params,
-        user=user,
     )
 
 
@@ -167,7 +164,7 @@ def parse_completion(body: dict) -> GenerationRequest:
         raise bad("'prompt' must be a non-empty string or a list of token ids (one prompt per request).", "prompt")
     logprobs = _integer(body, "logprobs", None, lo=0, hi=20)
     if logprobs is not None:
-        req.logprobs, req.top_logprobs = True, logprobs
+        req.logprobs = True
         req.params["logprobs"] = logprobs
     return req
 
@@ -232,6 +229,5 @@ def parse_chat(body: dict) -> GenerationRequest:
     if top is not None and not req.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
     if req.logprobs:
-        req.top_logprobs = top or 0
-        req.params["logprobs"] = req.top_logprobs
+        req.params["logprobs"] = top or 0
     return req

@@ -79,7 +79,8 @@ def _usage(event: dict) -> dict:
     }
 
 
-def _finish_reason(reason: str | None, tool_calls: bool) -> str | None:
+def finish_reason(reason: str | None, tool_calls: bool) -> str | None:
+    """OpenAI's finish_reason for the engine's: a stop that ended in tool calls is `tool_calls`."""
     if reason == "stop" and tool_calls:
         return "tool_calls"
     return {"abort": "stop"}.get(reason, reason)
@@ -100,34 +101,51 @@ def _timing(req: GenerationRequest, body: dict, event: dict) -> dict:
     return body
 
 
+def _envelope(req: GenerationRequest, gen: generation.Generation, obj: str, choices: list) -> dict:
+    return {"id": gen.request_id, "object": obj, "created": gen.created, "model": req.model, "choices": choices}
+
+
+async def _deltas(gen: generation.Generation) -> list[dict]:
+    """Every delta event of a request that is answered in one response."""
+    try:
+        return [event async for event in gen.events()]
+    finally:
+        await gen.close()
+
+
+def _respond(gen: generation.Generation, stream: bool, events, body) -> HttpResponse:
+    """Server-Sent Events from the `events()` generator, or JSON `body`; the route headers."""
+    if stream:
+        response = StreamingHttpResponse(events(), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+    else:
+        response = JsonResponse(body)
+    for name, value in _headers(gen).items():
+        response[name] = value
+    return response
+
+
 def sse(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+def _model_object(d) -> dict:
+    return {"id": d.slug, "object": "model", "created": int(d.created_at.timestamp()), "owned_by": "switchyard",
+            "root": d.model.name}  # fmt: skip
 
 
 @openai_view(("GET",))
 async def list_models(request):
     caller = await _caller(request)
     deployments = await generation.visible_deployments(caller)
-    data = [
-        {
-            "id": d.slug,
-            "object": "model",
-            "created": int(d.created_at.timestamp()),
-            "owned_by": "switchyard",
-            "root": d.model.name,
-            "max_model_len": d.max_model_len or d.model.context_length,
-        }
-        for d in deployments
-    ]
+    data = [{**_model_object(d), "max_model_len": d.max_model_len or d.model.context_length} for d in deployments]
     return JsonResponse({"object": "list", "data": data})
 
 
 @openai_view(("GET",))
 async def retrieve_model(request, model_id: str):
     caller = await _caller(request)
-    d = await generation.resolve_deployment(model_id, caller)
-    return JsonResponse({"id": d.slug, "object": "model", "created": int(d.created_at.timestamp()),
-                         "owned_by": "switchyard", "root": d.model.name})  # fmt: skip
+    return JsonResponse(_model_object(await generation.resolve_deployment(model_id, caller)))
 
 
 async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generation]:
@@ -161,59 +179,34 @@ class ChatShaper:
 async def chat_completions(request):
     req, gen = await _admit(request, parse_chat)
     shaper = ChatShaper(req)
-    if req.stream:
-        response = StreamingHttpResponse(_chat_stream(req, gen, shaper), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-    else:
-        try:
-            body = await _chat_whole(req, gen, shaper)
-        finally:
-            await gen.close()
-        response = JsonResponse(body)
-    for name, value in _headers(gen).items():
-        response[name] = value
-    return response
+    body = None if req.stream else _chat_whole(req, gen, shaper, await _deltas(gen))
+    return _respond(gen, req.stream, lambda: _chat_stream(req, gen, shaper), body)
 
 
-async def _chat_whole(req, gen, shaper: ChatShaper) -> dict:
-    content, logprobs, last = [], [], {}
-    async for event in gen.events():
-        if event["type"] == "error":
-            raise OpenAIError(502, event["message"], code="replica_error")
+def _chat_whole(req, gen, shaper: ChatShaper, events: list[dict]) -> dict:
+    content, logprobs = [], []
+    for event in events:
         content += [p for p in shaper.pieces(event) if isinstance(p, str)]
         logprobs += event.get("logprobs") or []
-        last = event
+    last = events[-1] if events else {}
     text = "".join(content)
     message = {"role": "assistant", "content": text}
     if shaper.calls:
         message["content"] = text.strip() or None
         message["tool_calls"] = [c.as_openai() for c in shaper.calls]
-    return {
-        "id": gen.request_id,
-        "object": "chat.completion",
-        "created": gen.created,
-        "model": req.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
-                "finish_reason": _finish_reason(last.get("finish_reason"), bool(shaper.calls)),
-            }
-        ],
-        "usage": _usage(last),
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
+        "finish_reason": finish_reason(last.get("finish_reason"), bool(shaper.calls)),
     }
+    return {**_envelope(req, gen, "chat.completion", [choice]), "usage": _usage(last)}
 
 
 async def _chat_stream(req, gen, shaper: ChatShaper):
     def chunk(delta: dict, finish=None, logprobs=None, event=None) -> bytes:
-        body = {
-            "id": gen.request_id,
-            "object": "chat.completion.chunk",
-            "created": gen.created,
-            "model": req.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }
+        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        body = _envelope(req, gen, "chat.completion.chunk", choices)
         if req.include_usage:
             body["usage"] = None
         return sse(_timing(req, body, event or {}))
@@ -221,9 +214,6 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for event in gen.events():
-            if event["type"] == "error":
-                yield sse(OpenAIError(502, event["message"], code="replica_error").body())
-                return
             lp = {"content": _chat_logprobs(event.get("logprobs") or [])} if req.logprobs else None
             for piece in shaper.pieces(event):
                 if isinstance(piece, ToolCall):
@@ -235,11 +225,12 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
             if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
                 yield chunk({}, logprobs=lp)
             if event.get("finish_reason"):
-                yield chunk({}, finish=_finish_reason(event["finish_reason"], bool(shaper.calls)))
+                yield chunk({}, finish=finish_reason(event["finish_reason"], bool(shaper.calls)))
                 if req.include_usage:
-                    yield sse({"id": gen.request_id, "object": "chat.completion.chunk", "created": gen.created,
-                               "model": req.model, "choices": [], "usage": _usage(event)})  # fmt: skip
+                    yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(event)})
         yield sse("[DONE]")
+    except OpenAIError as exc:  # the replica failed mid-stream: the error is the last event
+        yield sse(exc.body())
     finally:
         await gen.close()
 
@@ -259,57 +250,39 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 @openai_view(("POST",))
 async def completions(request):
     req, gen = await _admit(request, parse_completion)
-    if req.stream:
-        response = StreamingHttpResponse(_completion_stream(req, gen), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-    else:
-        try:
-            text, logprobs, last = [], [], {}
-            async for event in gen.events():
-                if event["type"] == "error":
-                    raise OpenAIError(502, event["message"], code="replica_error")
-                text.append(event.get("text", ""))
-                logprobs += event.get("logprobs") or []
-                last = event
-        finally:
-            await gen.close()
-        choice = {
-            "index": 0,
-            "text": "".join(text),
-            "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
-            "finish_reason": _finish_reason(last.get("finish_reason"), False),
-        }
-        response = JsonResponse({"id": gen.request_id, "object": "text_completion", "created": gen.created,
-                                 "model": req.model, "choices": [choice], "usage": _usage(last)})  # fmt: skip
-    for name, value in _headers(gen).items():
-        response[name] = value
-    return response
+    body = None if req.stream else _completion_whole(req, gen, await _deltas(gen))
+    return _respond(gen, req.stream, lambda: _completion_stream(req, gen), body)
+
+
+def _completion_whole(req, gen, events: list[dict]) -> dict:
+    logprobs = [lp for event in events for lp in event.get("logprobs") or []]
+    last = events[-1] if events else {}
+    choice = {
+        "index": 0,
+        "text": "".join(event.get("text", "") for event in events),
+        "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
+        "finish_reason": finish_reason(last.get("finish_reason"), False),
+    }
+    return {**_envelope(req, gen, "text_completion", [choice]), "usage": _usage(last)}
 
 
 async def _completion_stream(req, gen):
     offset = 0
     try:
         async for event in gen.events():
-            if event["type"] == "error":
-                yield sse(OpenAIError(502, event["message"], code="replica_error").body())
-                return
             lp = _completion_logprobs(event.get("logprobs") or [], offset) if req.logprobs else None
             offset += len(event.get("text", ""))
-            body = {
-                "id": gen.request_id,
-                "object": "text_completion",
-                "created": gen.created,
-                "model": req.model,
-                "choices": [{"index": 0, "text": event.get("text", ""), "logprobs": lp,
-                             "finish_reason": _finish_reason(event.get("finish_reason"), False)}],
-            }  # fmt: skip
+            choice = {"index": 0, "text": event.get("text", ""), "logprobs": lp,
+                      "finish_reason": finish_reason(event.get("finish_reason"), False)}  # fmt: skip
+            body = _envelope(req, gen, "text_completion", [choice])
             if req.include_usage:
                 body["usage"] = None
             yield sse(_timing(req, body, event))
             if event.get("finish_reason") and req.include_usage:
-                yield sse({"id": gen.request_id, "object": "text_completion", "created": gen.created,
-                           "model": req.model, "choices": [], "usage": _usage(event)})  # fmt: skip
+                yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
         yield sse("[DONE]")
+    except OpenAIError as exc:  # the replica failed mid-stream: the error is the last event
+        yield sse(exc.body())
     finally:
         await gen.close()
 
