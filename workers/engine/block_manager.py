@@ -150,17 +150,22 @@ class BlockManager:
                 self.hash_to_block.setdefault(h, block.block_id)
 
     # -- release ------------------------------------------------------------------------------
+    def _release(self, bid: int) -> None:
+        """Drop one reference; a block nobody holds joins the LRU if the prefix cache knows it,
+        else the uncached free list."""
+        block = self.blocks[bid]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None and self.hash_to_block.get(block.hash) == bid:
+                self.free_cached[bid] = None
+            else:
+                block.hash, block.token_ids = None, ()
+                self.free_uncached.append(bid)
+
     def free(self, seq: Sequence) -> None:
         # Release the tail first so that, under LRU, a prompt's later blocks go before its prefix.
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None and self.hash_to_block.get(block.hash) == bid:
-                    self.free_cached[bid] = None
-                else:
-                    block.hash, block.token_ids = None, ()
-                    self.free_uncached.append(bid)
+            self._release(bid)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
@@ -174,13 +179,10 @@ class BlockManager:
         return [self._new_block() for _ in range(need)]
 
     def release(self, block_ids: list[int]) -> None:
-        """Give back reserved blocks that were never handed to a sequence."""
+        """Give back reserved blocks that were never handed to a sequence (never hashed, so
+        they go back uncached)."""
         for bid in block_ids:
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                block.hash, block.token_ids = None, ()
-                self.free_uncached.append(bid)
+            self._release(bid)
 
     def reset_prefix_cache(self) -> None:
         for bid in list(self.free_cached):

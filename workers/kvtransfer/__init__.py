@@ -4,11 +4,11 @@
   dim, parallel ranks) and where a block's bytes live in the engine's KV tensor.
 - `mooncake`: the Mooncake Transfer Engine backend (TCP here, RDMA where the NICs exist).
 
-The flow (see workers/replica/server.py): the decode replica reserves blocks and sends their
+The flow (see workers/replica/disagg.py): the decode replica reserves blocks and sends their
 ids with its endpoint and layout to the prefill replica; the prefill replica computes the
 prompt, writes its blocks straight into the reserved ones, then hands over the first token.
 """
 
-from workers.kvtransfer.layout import KVTransferError, LayoutMismatch, block_segments, layout_mismatch
+from workers.kvtransfer.layout import KVTransferError, block_segments, layout_mismatch
 
-__all__ = ["KVTransferError", "LayoutMismatch", "block_segments", "layout_mismatch"]
+__all__ = ["KVTransferError", "block_segments", "layout_mismatch"]

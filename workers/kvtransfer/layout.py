@@ -17,10 +17,6 @@ class KVTransferError(Exception):
     """A transfer could not be done; the decode replica then prefills by itself."""
 
 
-class LayoutMismatch(KVTransferError):
-    pass
-
-
 def layout_mismatch(local: dict, remote: dict) -> str | None:
     """None when the layouts agree, else a sentence naming each difference."""
     diffs = [

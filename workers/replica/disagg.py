@@ -103,6 +103,12 @@ class Disaggregation:
     def endpoint(self) -> dict:
         return {**self.kv.endpoint(), "layout": self.layout}
 
+    def handle(self, message: dict) -> None:
+        """A message between replicas, off the request stream."""
+        handler = {"prefill": self.on_prefill, "prefilled": self.on_prefilled, "prefill_failed": self.on_prefill_failed}
+        if message.get("type") in handler:
+            handler[message["type"]](message)
+
     # -- decode side --------------------------------------------------------------------------
     def start_handoff(self, rid: str, prompt_ids: list[int], params: dict, prefill_replica: int) -> bool:
         """Reserve blocks and ask the prefill replica; False if this replica must prefill itself."""
@@ -124,12 +130,7 @@ class Disaggregation:
             "reply_stream": self.server.stream,
             "deadline": deadline,
         }
-        self.server.redis.xadd(
-            protocol.requests_key(prefill_replica),
-            {"m": protocol.encode(message)},
-            maxlen=protocol.REQUEST_STREAM_MAXLEN,
-            approximate=True,
-        )
+        self._send(protocol.requests_key(prefill_replica), message)
         return True
 
     def on_prefilled(self, message: dict) -> None:
@@ -238,7 +239,7 @@ class Disaggregation:
                 problem = f"cannot prefill: {exc}"
         if problem is not None:
             log.warning("refusing prefill %s: %s", rid, problem)
-            self._reply(reply, {"type": "prefill_failed", "id": rid, "reason": problem})
+            self._send(reply, {"type": "prefill_failed", "id": rid, "reason": problem})
             return
         self.jobs[rid] = PrefillJob(remote, list(message["blocks"]), reply, float(message["deadline"]), len(prompt))
 
@@ -255,7 +256,7 @@ class Disaggregation:
             transfer = self.kv.start_write(job.remote, local, job.blocks)
         except (KVTransferError, KeyError) as exc:
             self.engine.release_held(rid)
-            self._reply(job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            self._send(job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
             return True
         lp = delta.new_logprobs[0] if delta.new_logprobs else None
         sending = Sending(job, transfer, delta.new_token_ids[0], lp, delta.num_cached_tokens)
@@ -272,7 +273,7 @@ class Disaggregation:
         except KVTransferError as exc:
             del self.sending[rid]
             self.engine.release_held(rid)
-            self._reply(sending.job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            self._send(sending.job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
             return
         del self.sending[rid]
         self.engine.release_held(rid)
@@ -281,7 +282,7 @@ class Disaggregation:
         self.stats.blocks_sent += transfer.nblocks
         self.stats.transfer_seconds += transfer.seconds
         lp = sending.logprobs
-        self._reply(
+        self._send(
             sending.job.reply_stream,
             {
                 "type": "prefilled",
@@ -297,7 +298,8 @@ class Disaggregation:
     def prefill_tokens_inflight(self) -> int:
         return sum(job.num_prompt_tokens for job in self.jobs.values())
 
-    def _reply(self, stream: str | None, message: dict) -> None:
+    def _send(self, stream: str | None, message: dict) -> None:
+        """Onto another replica's request stream (the prefill side's, or the decode side's reply)."""
         if stream:
             self.server.redis.xadd(
                 stream, {"m": protocol.encode(message)}, maxlen=protocol.REQUEST_STREAM_MAXLEN, approximate=True

@@ -144,12 +144,8 @@ class ReplicaServer:
                 self._abort(message.get("id", ""))
             elif kind == "generate":
                 self._admit(message)
-            elif self.disagg is not None and kind == "prefill":
-                self.disagg.on_prefill(message)
-            elif self.disagg is not None and kind == "prefilled":
-                self.disagg.on_prefilled(message)
-            elif self.disagg is not None and kind == "prefill_failed":
-                self.disagg.on_prefill_failed(message)
+            elif self.disagg is not None:
+                self.disagg.handle(message)
             try:
                 message = self.incoming.get_nowait()
             except queue.Empty:
@@ -298,13 +294,12 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
+        endpoint = {"stream": self.stream, "pid": os.getpid(), "max_model_len": self.engine.max_model_len}
         if self.disagg is not None:
             load["prefill_tokens_inflight"] = self.disagg.prefill_tokens_inflight()
             load["kv_writes_inflight"] = len(self.disagg.sending)
             load["handoffs_waiting"] = len(self.disagg.waiting)
             load["kv_transfer"] = self.disagg.stats.as_dict()
-        endpoint = {"stream": self.stream, "pid": os.getpid(), "max_model_len": self.engine.max_model_len}
-        if self.disagg is not None:
             endpoint["kv_session"] = self.disagg.kv.session
         self.redis.hset(
             self.status_key,
