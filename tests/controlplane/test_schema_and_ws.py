@@ -27,17 +27,22 @@ def test_api_docs_page(staff_client, client, staff):
     assert client.get("/api/docs/").status_code == 200
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.asyncio
-async def test_events_websocket_streams_state_changes(django_user_model):
-    user = await sync_to_async(django_user_model.objects.create_user)("watcher", password="x")
-    # The consumer as the router would reach it, with an authenticated user in its scope.
-    from controlplane.events.consumers import EventsConsumer
-
-    comm = WebsocketCommunicator(EventsConsumer.as_asgi(), "/ws/events/")
+async def signed_in(django_user_model, consumer, path: str, username: str) -> WebsocketCommunicator:
+    """A connected socket to `consumer` as the router would reach it: a new user in its scope."""
+    user = await sync_to_async(django_user_model.objects.create_user)(username, password="x")
+    comm = WebsocketCommunicator(consumer.as_asgi(), path)
     comm.scope["user"] = user
     connected, _ = await comm.connect(timeout=5)
     assert connected
+    return comm
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_events_websocket_streams_state_changes(django_user_model):
+    from controlplane.events.consumers import EventsConsumer
+
+    comm = await signed_in(django_user_model, EventsConsumer, "/ws/events/", "watcher")
     hello = await comm.receive_json_from(timeout=5)
     assert hello == {"kind": "hello", "data": {"user": "watcher"}}
     await sync_to_async(record_event)(
@@ -64,11 +69,7 @@ async def test_metrics_websocket_forwards_each_sample(django_user_model):
     from controlplane.telemetry.consumers import MetricsConsumer
     from controlplane.telemetry.history import GROUP
 
-    user = await sync_to_async(django_user_model.objects.create_user)("charts", password="x")
-    comm = WebsocketCommunicator(MetricsConsumer.as_asgi(), "/ws/metrics/")
-    comm.scope["user"] = user
-    connected, _ = await comm.connect(timeout=5)
-    assert connected
+    comm = await signed_in(django_user_model, MetricsConsumer, "/ws/metrics/", "charts")
     points = {"demo": {"t": 1.0, "tokens_per_second": 12.5}}
     await get_channel_layer().group_send(GROUP, {"type": "metrics.points", "points": points})
     assert await comm.receive_json_from(timeout=5) == {"kind": "metrics", "points": points}
