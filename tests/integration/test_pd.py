@@ -6,10 +6,8 @@ killed one, and a decode replica whose KV layout differs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
@@ -17,7 +15,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.support.stack import ROOT, wait_for
+from tests.support.stack import wait_for
+from workers.bench.processes import start_replica
 from workers.replica import protocol
 from workers.replica.protocol import ReplicaSpec
 
@@ -33,6 +32,7 @@ def replicas(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("pd")
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     procs: dict[int, subprocess.Popen] = {}
+    logs = {}
 
     def start(rid: int, role: str, block_size: int = 4) -> None:
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
@@ -40,12 +40,7 @@ def replicas(model_dir, tmp_path_factory):
                            dtype="float32", block_size=block_size, threads=1, redis_url=settings.REDIS_URL,
                            kv_transfer_timeout=TIMEOUT, kv_cache_bytes=16 << 20,
                            local_prefill_tokens=0)  # fmt: skip
-        (state / f"{rid}.json").write_text(spec.to_json())
-        log = open(state / f"{rid}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs[rid] = subprocess.Popen(
-            [sys.executable, "-m", "workers.replica", "--replica-id", str(rid), "--spec", str(state / f"{rid}.json")],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        procs[rid], logs[rid] = start_replica(spec, state)
 
     start(PREFILL, "prefill")
     start(DECODE, "decode")
@@ -57,6 +52,8 @@ def replicas(model_dir, tmp_path_factory):
     for p in procs.values():
         p.kill()
         p.wait()
+    for f in logs.values():
+        f.close()
 
 
 def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10):

@@ -28,9 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from workers.bench.processes import free_port, stop
+from workers.bench.processes import ROOT, free_port, percentile, start_replica, stop
 
-ROOT = Path(__file__).resolve().parents[2]
 BENCH_REDIS_DB = 12
 
 BOOTSTRAP = """
@@ -51,11 +50,6 @@ replica = Replica.objects.create(deployment=dep, state="ready")
 _, key = create_api_key(name="bench", owner=user)
 print(json.dumps({"replica_id": replica.pk, "api_key": key}))
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 def log(message: str, quiet: bool) -> None:
@@ -90,19 +84,15 @@ class Platform:
         self.replica_id, self.api_key = info["replica_id"], info["api_key"]
         spec = ReplicaSpec(replica_id=self.replica_id, deployment="bench", model=model, model_name="bench",
                            max_num_seqs=max_num_seqs, threads=threads, redis_url=self.redis_url)  # fmt: skip
-        (self.dir / "spec.json").write_text(spec.to_json())
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.logs = [open(self.dir / name, "wb") for name in ("replica.log", "web.log")]  # noqa: SIM115
-        self.procs = [
-            subprocess.Popen([sys.executable, "-m", "workers.replica", "--replica-id", str(self.replica_id),
-                              "--spec", str(self.dir / "spec.json")],
-                             cwd=ROOT, env=env, stdout=self.logs[0], stderr=subprocess.STDOUT),
-            subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
-                              "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
-                              "--log-level", "warning", "--backlog", "4096"],
-                             cwd=ROOT, env=env, stdout=self.logs[1], stderr=subprocess.STDOUT),
-        ]  # fmt: skip
+        replica, replica_log = start_replica(spec, self.dir, env)
+        web_log = open(self.dir / "web.log", "wb")  # noqa: SIM115 - closed by stop()
+        web = subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
+                                "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+                                "--log-level", "warning", "--backlog", "4096"],
+                               cwd=ROOT, env=env, stdout=web_log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.procs, self.logs = [replica, web], [replica_log, web_log]
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 120) -> None:

@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,9 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.bench.processes import stop
+from workers.bench.processes import ROOT, percentile, start_replica, stop
 
-ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 11
 SHAPE = dict(
     hidden_size=256,
@@ -70,11 +68,6 @@ def make_trace(n: int, rate: float, long_fraction: float, seed: int) -> list[tup
     return out
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
-
-
 class Setup:
     """Replica processes pinned to cores, plus a listener for their events."""
 
@@ -103,20 +96,9 @@ class Setup:
                                max_num_seqs=64, kv_transfer_timeout=5.0,
                                local_prefill_tokens=local_prefill_tokens,
                                max_num_batched_tokens=chunk)  # fmt: skip
-            path = workdir / f"replica-{rid}.json"
-            path.write_text(spec.to_json())
-            log = open(workdir / f"replica-{rid}.log", "wb")  # noqa: SIM115
+            process, log = start_replica(spec, workdir, env, core)
+            self.procs.append(process)
             self.logs.append(log)
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "workers.replica", "--replica-id", str(rid), "--spec", str(path)],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=(lambda core=core: os.sched_setaffinity(0, {core})),
-                )
-            )
         deadline = time.monotonic() + 180
         for rid, _, _ in roles:
             while self.redis.hget(protocol.status_key(rid), "state") != "ready":
