@@ -12,9 +12,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from workers.bench.processes import stop
-
-ROOT = Path(__file__).resolve().parents[2]
+from workers.bench.processes import ROOT, stop
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
