@@ -113,10 +113,24 @@ async def _deltas(gen: generation.Generation) -> list[dict]:
         await gen.close()
 
 
-def _respond(gen: generation.Generation, stream: bool, events, body) -> HttpResponse:
-    """Server-Sent Events from the `events()` generator, or JSON `body`; the route headers."""
-    if stream:
-        response = StreamingHttpResponse(events(), content_type="text/event-stream")
+async def _event_stream(gen: generation.Generation, chunks):
+    """An SSE body: the chunks, then [DONE]. A replica that fails mid-stream ends it with the
+    error as the last event; the request is closed (aborted if still running) either way."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+        yield sse("[DONE]")
+    except OpenAIError as exc:
+        yield sse(exc.body())
+    finally:
+        await gen.close()
+
+
+def _respond(gen: generation.Generation, chunks, body: dict | None) -> HttpResponse:
+    """JSON `body`, or (when there is none: the request streams) Server-Sent Events of the
+    `chunks` async generator; then the route headers."""
+    if body is None:
+        response = StreamingHttpResponse(_event_stream(gen, chunks), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
     else:
         response = JsonResponse(body)
@@ -180,7 +194,7 @@ async def chat_completions(request):
     req, gen = await _admit(request, parse_chat)
     shaper = ChatShaper(req)
     body = None if req.stream else _chat_whole(req, gen, shaper, await _deltas(gen))
-    return _respond(gen, req.stream, lambda: _chat_stream(req, gen, shaper), body)
+    return _respond(gen, _chat_stream(req, gen, shaper), body)
 
 
 def _chat_whole(req, gen, shaper: ChatShaper, events: list[dict]) -> dict:
@@ -211,28 +225,22 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
             body["usage"] = None
         return sse(_timing(req, body, event or {}))
 
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for event in gen.events():
-            lp = {"content": _chat_logprobs(event.get("logprobs") or [])} if req.logprobs else None
-            for piece in shaper.pieces(event):
-                if isinstance(piece, ToolCall):
-                    index = shaper.calls.index(piece)
-                    yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]})
-                elif piece:
-                    yield chunk({"content": piece}, logprobs=lp, event=event)
-                    lp = None
-            if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
-                yield chunk({}, logprobs=lp)
-            if event.get("finish_reason"):
-                yield chunk({}, finish=finish_reason(event["finish_reason"], bool(shaper.calls)))
-                if req.include_usage:
-                    yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(event)})
-        yield sse("[DONE]")
-    except OpenAIError as exc:  # the replica failed mid-stream: the error is the last event
-        yield sse(exc.body())
-    finally:
-        await gen.close()
+    yield chunk({"role": "assistant", "content": ""})
+    async for event in gen.events():
+        lp = {"content": _chat_logprobs(event.get("logprobs") or [])} if req.logprobs else None
+        for piece in shaper.pieces(event):
+            if isinstance(piece, ToolCall):
+                index = shaper.calls.index(piece)
+                yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]})
+            elif piece:
+                yield chunk({"content": piece}, logprobs=lp, event=event)
+                lp = None
+        if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
+            yield chunk({}, logprobs=lp)
+        if event.get("finish_reason"):
+            yield chunk({}, finish=finish_reason(event["finish_reason"], bool(shaper.calls)))
+            if req.include_usage:
+                yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(event)})
 
 
 # -- completions -------------------------------------------------------------------------------
@@ -251,7 +259,7 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 async def completions(request):
     req, gen = await _admit(request, parse_completion)
     body = None if req.stream else _completion_whole(req, gen, await _deltas(gen))
-    return _respond(gen, req.stream, lambda: _completion_stream(req, gen), body)
+    return _respond(gen, _completion_stream(req, gen), body)
 
 
 def _completion_whole(req, gen, events: list[dict]) -> dict:
@@ -268,23 +276,17 @@ def _completion_whole(req, gen, events: list[dict]) -> dict:
 
 async def _completion_stream(req, gen):
     offset = 0
-    try:
-        async for event in gen.events():
-            lp = _completion_logprobs(event.get("logprobs") or [], offset) if req.logprobs else None
-            offset += len(event.get("text", ""))
-            choice = {"index": 0, "text": event.get("text", ""), "logprobs": lp,
-                      "finish_reason": finish_reason(event.get("finish_reason"), False)}  # fmt: skip
-            body = _envelope(req, gen, "text_completion", [choice])
-            if req.include_usage:
-                body["usage"] = None
-            yield sse(_timing(req, body, event))
-            if event.get("finish_reason") and req.include_usage:
-                yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
-        yield sse("[DONE]")
-    except OpenAIError as exc:  # the replica failed mid-stream: the error is the last event
-        yield sse(exc.body())
-    finally:
-        await gen.close()
+    async for event in gen.events():
+        lp = _completion_logprobs(event.get("logprobs") or [], offset) if req.logprobs else None
+        offset += len(event.get("text", ""))
+        choice = {"index": 0, "text": event.get("text", ""), "logprobs": lp,
+                  "finish_reason": finish_reason(event.get("finish_reason"), False)}  # fmt: skip
+        body = _envelope(req, gen, "text_completion", [choice])
+        if req.include_usage:
+            body["usage"] = None
+        yield sse(_timing(req, body, event))
+        if event.get("finish_reason") and req.include_usage:
+            yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
 
 
 def not_found(request, path: str = ""):
