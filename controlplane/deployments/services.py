@@ -19,7 +19,6 @@ from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
-from controlplane.inventory.selectors import max_devices_per_node
 
 log = logging.getLogger(__name__)
 State = Replica.State
@@ -73,6 +72,34 @@ def _publish_replica(r: Replica) -> None:
 
 
 # -- validation ---------------------------------------------------------------------------------
+# Settings the model stores but nothing honours yet: (field, the value that means "off", what
+# to say). Any other value is refused with a 400 rather than accepted and ignored.
+DEPLOYMENT_NOT_BUILT = (
+    ("tensor_parallel", 1, "tensor_parallel > 1 is not built yet: a replica runs on one device"),
+    ("pipeline_parallel", 1, "pipeline_parallel > 1 is not built yet: a replica runs on one device"),
+    ("speculative_method", Deployment.Speculative.NONE, "speculative decoding is not built yet; use 'none'"),
+    ("draft_model", None, "draft_model is not built yet (speculative decoding is not built)"),
+    ("speculative_k", 4, "speculative_k is not built yet (speculative decoding is not built); leave it at 4"),
+)
+CACHE_POLICY_NOT_BUILT = (
+    ("dram_tier_bytes", 0, "a DRAM KV tier is not built yet; leave dram_tier_bytes at 0"),
+    ("disk_tier_bytes", 0, "a disk KV tier is not built yet; leave disk_tier_bytes at 0"),
+    ("disk_tier_path", "", "a disk KV tier is not built yet; leave disk_tier_path empty"),
+    ("min_cached_prefix_tokens", 0, "min_cached_prefix_tokens is not built yet; leave it at 0"),
+    (
+        "session_affinity_header",
+        "x-session-affinity",
+        "only the x-session-affinity header is read by the gateway; another name is not built yet",
+    ),
+)
+
+
+def _refuse_unbuilt(values: dict, table) -> None:
+    for name, off, message in table:
+        if values.get(name, off) not in (off, None):
+            raise DomainError(message, name)
+
+
 def validate_deployment(data: dict) -> None:
     mode = data.get("mode", Deployment.Mode.COLOCATED)
     if mode == Deployment.Mode.DISAGGREGATED:
@@ -80,18 +107,7 @@ def validate_deployment(data: dict) -> None:
             raise DomainError("a disaggregated deployment needs at least one prefill replica", "prefill_replicas")
         if data.get("decode_replicas", 0) < 1:
             raise DomainError("a disaggregated deployment needs at least one decode replica", "decode_replicas")
-    devices = data.get("tensor_parallel", 1) * data.get("pipeline_parallel", 1)
-    if devices > 1:
-        largest = max_devices_per_node()
-        if devices > largest:
-            raise DomainError(
-                f"tensor_parallel x pipeline_parallel = {devices} devices per replica, but the largest online "
-                f"node has {largest}",
-                "tensor_parallel",
-            )
-    method = data.get("speculative_method", Deployment.Speculative.NONE)
-    if method == Deployment.Speculative.EAGLE3 and not data.get("draft_model"):
-        raise DomainError("speculative_method 'eagle3' needs a draft_model", "draft_model")
+    _refuse_unbuilt(data, DEPLOYMENT_NOT_BUILT)
     model = data.get("model")
     max_len = data.get("max_model_len")
     if model is not None and max_len and model.context_length and max_len > model.context_length:
@@ -314,8 +330,9 @@ def reconcile_all() -> dict[str, dict]:
 
 # -- cache policies -----------------------------------------------------------------------------
 def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) -> CachePolicy:
-    if policy.disk_tier_bytes and not policy.disk_tier_path:
-        raise DomainError("disk_tier_bytes needs a disk_tier_path", "disk_tier_path")
+    values = {name: getattr(policy, name) for name, _, _ in CACHE_POLICY_NOT_BUILT}
+    values["session_affinity_header"] = policy.session_affinity_header.lower()  # header names ignore case
+    _refuse_unbuilt(values, CACHE_POLICY_NOT_BUILT)
     policy.save()
     record_event("cache_policy.created" if created else "cache_policy.updated", policy, actor=actor)
     return policy

@@ -1,0 +1,74 @@
+"""Nothing silent in the management API: settings that are not built are refused with a 400
+naming the field, never accepted and ignored."""
+
+import pytest
+
+from controlplane.catalog.services import register_model
+from controlplane.deployments.models import CachePolicy, Deployment
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def model():
+    return register_model(name="tiny", source="org/tiny", source_type="hub")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("tensor_parallel", 2, "tensor_parallel > 1 is not built yet"),
+        ("pipeline_parallel", 2, "pipeline_parallel > 1 is not built yet"),
+        ("speculative_method", "ngram", "speculative decoding is not built yet"),
+        ("speculative_method", "eagle3", "speculative decoding is not built yet"),
+        ("draft_model", "tiny", "draft_model is not built yet"),
+        ("speculative_k", 8, "speculative_k is not built yet"),
+    ],
+)
+def test_deployment_settings_not_built_are_refused_naming_the_field(staff_client, model, field, value, says):
+    response = staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "tiny", field: value}, format="json")
+    assert response.status_code == 400
+    assert says in response.json()[field][0]
+    assert not Deployment.objects.exists()
+
+    staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "tiny"}, format="json")
+    patched = staff_client.patch("/api/v1/deployments/d/", {field: value}, format="json")
+    assert patched.status_code == 400 and says in patched.json()[field][0]
+    assert getattr(Deployment.objects.get(slug="d"), field) != value
+
+
+def test_deployment_defaults_spelled_out_are_accepted(staff_client, model):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": 1, "pipeline_parallel": 1,
+            "speculative_method": "none", "draft_model": None, "speculative_k": 4}  # fmt: skip
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.json()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("dram_tier_bytes", 1 << 30, "DRAM KV tier is not built yet"),
+        ("disk_tier_bytes", 1 << 30, "disk KV tier is not built yet"),
+        ("disk_tier_path", "/var/cache/kv", "disk KV tier is not built yet"),
+        ("min_cached_prefix_tokens", 32, "min_cached_prefix_tokens is not built yet"),
+        ("session_affinity_header", "x-conversation", "another name is not built yet"),
+    ],
+)
+def test_cache_policy_settings_not_built_are_refused_naming_the_field(staff_client, field, value, says):
+    response = staff_client.post("/api/v1/cache-policies/", {"name": "p", field: value}, format="json")
+    assert response.status_code == 400
+    assert says in response.json()[field][0]
+    assert not CachePolicy.objects.exists()
+
+    created = staff_client.post("/api/v1/cache-policies/", {"name": "p"}, format="json").json()
+    patched = staff_client.patch(f"/api/v1/cache-policies/{created['id']}/", {field: value}, format="json")
+    assert patched.status_code == 400 and says in patched.json()[field][0]
+    assert getattr(CachePolicy.objects.get(), field) != value
+
+
+def test_cache_policy_built_settings_are_accepted(staff_client):
+    body = {"name": "p", "prefix_caching": False, "block_size": 32, "session_affinity_header": "X-Session-Affinity",
+            "session_affinity_ttl_seconds": 60, "dram_tier_bytes": 0, "disk_tier_path": "", "disk_tier_bytes": 0,
+            "min_cached_prefix_tokens": 0}  # fmt: skip
+    response = staff_client.post("/api/v1/cache-policies/", body, format="json")
+    assert response.status_code == 201, response.json()
