@@ -1,4 +1,5 @@
-"""The Celery app shared by the control worker, beat and every node agent."""
+"""The Celery app of the control worker and beat (Django's settings). Node agents run their own
+app without Django (workers/agent/__main__.py); the two meet only on task names and queues."""
 
 import os
 
@@ -14,6 +15,5 @@ app.autodiscover_tasks(
         "controlplane.deployments",
         "controlplane.inventory",
         "controlplane.telemetry",
-        "workers.agent",
     ]
 )

@@ -32,8 +32,13 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'db.sqlite3'}")}
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # Several processes (web, beat, workers, agent) share the file: wait for locks, don't fail.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Several processes (web, beat, control worker) share the file. WAL lets readers and one
+    # writer work at once; a writer waits up to 20 s for the lock, and takes it when its
+    # transaction begins (IMMEDIATE), so that two transactions never deadlock upgrading a read
+    # lock into a write lock (that gives "database is locked" at once, whatever the timeout).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 INSTALLED_APPS = [
@@ -125,6 +130,8 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker (Redis) outage is waited out, never fatal: workers reconnect when it returns.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "deployments.reconcile", "schedule": env.float("RECONCILE_INTERVAL", default=10.0)},
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},

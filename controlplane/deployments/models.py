@@ -117,6 +117,9 @@ class Replica(models.Model):
     log_tail = models.TextField(blank=True)
     load = models.JSONField(default=dict, blank=True, help_text="latest load report from the replica")
     progress = models.JSONField(default=dict, blank=True, help_text="loading stage and fraction, while starting")
+    last_event_ns = models.BigIntegerField(
+        default=0, help_text="when its agent sent the last message applied (older ones arrive late and are ignored)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)

@@ -2,12 +2,14 @@
 
 The reconciler compares each deployment's desired replicas with the live ones, places new
 replicas on nodes with free devices and asks node agents (a Celery task on `node.<name>`)
-to start or stop processes. Agents report back through `transition_replica`.
+to start or stop processes (`send_start` / `send_stop`). Agents report back with messages that
+`node_sync` applies through `transition_replica`, the one writer of replica state.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 
 from django.conf import settings
 from django.db import transaction
@@ -16,9 +18,11 @@ from django.utils import timezone
 
 from controlplane.common.errors import DomainError
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
+from controlplane.deployments.specs import build_spec
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
+from workers.protocol import control
 
 log = logging.getLogger(__name__)
 State = Replica.State
@@ -35,12 +39,20 @@ TRANSITIONS: dict[str, set[str]] = {
 FAILED_REPLICAS_BEFORE_GIVING_UP = 3
 
 
-def _send_to_node(task: str, replica: Replica) -> None:
+def send_start(replica: Replica) -> None:
+    """Ask the replica's node agent to start it, from a spec built now (after commit)."""
+    spec = asdict(build_spec(replica))
+    _send_after_commit(control.START_REPLICA, spec, replica.node.queue)
+
+
+def send_stop(replica: Replica) -> None:
+    _send_after_commit(control.STOP_REPLICA, replica.pk, replica.node.queue)
+
+
+def _send_after_commit(task: str, arg, queue: str) -> None:
     from controlplane.config.celery_app import app
 
-    queue = replica.node.queue
-    rid = replica.pk
-    transaction.on_commit(lambda: app.send_task(task, args=[rid], queue=queue))
+    transaction.on_commit(lambda: app.send_task(task, args=[arg], queue=queue))
 
 
 def schedule_reconcile() -> None:
@@ -246,16 +258,21 @@ def _stop_replica(r: Replica, reason: str) -> Replica | None:
         return transition_replica(r.pk, State.STOPPED, actor_label="reconciler", reason=reason, last_error=reason)
     stopped = transition_replica(r.pk, State.DRAINING, actor_label="reconciler", reason=reason)
     if stopped is not None:
-        _send_to_node("agent.stop_replica", stopped)
+        send_stop(stopped)
     return stopped
 
 
-def fail_replicas_on_node(node: Node, reason: str) -> int:
+def stop_replicas_on_node(node: Node, reason: str) -> int:
+    """A node went silent: its replicas count as stopped (not failed: the node, not the
+    replica, went away, and a deployment's failure budget is for replicas that crash), so the
+    reconciler places them elsewhere."""
     replicas = list(
         Replica.objects.select_related("deployment", "node").filter(node=node, state__in=Replica.LIVE_STATES)
     )
     for r in replicas:
-        transition_replica(r.pk, State.FAILED, actor_label="health-check", last_error=reason)
+        transition_replica(r.pk, State.STOPPED, actor_label="health-check", reason=reason, last_error=reason)
+    if replicas:
+        schedule_reconcile()
     return len(replicas)
 
 
@@ -319,7 +336,7 @@ def reconcile_deployment(dep: Deployment) -> dict:
                 r.devices.set(devices)
                 record_event("replica.pending", r, actor_label="reconciler", data={"node": node.name})
                 _publish_replica(r)
-                _send_to_node("agent.start_replica", r)
+                send_start(r)
                 done["started"].append(r.pk)
     return done
 

@@ -1,9 +1,32 @@
 from celery import shared_task
 
+from controlplane.deployments import node_sync
 from controlplane.deployments.services import reconcile_all
+from workers.protocol.control import NODE_REPORT, REPLICA_EVENT, NodeReport, ProtocolError, ReplicaEvent
 
 
 @shared_task(name="deployments.reconcile", queue="control")
 def reconcile() -> dict:
     """Idempotent: safe to run any number of times, from beat or after any change."""
     return reconcile_all()
+
+
+@shared_task(name=REPLICA_EVENT, queue="control")
+def replica_event(message: dict) -> str:
+    """A node agent's report of one replica process (started, ready, exited, failed, stopped)."""
+    try:
+        event = ReplicaEvent.from_wire(message)
+    except ProtocolError as exc:
+        return f"unreadable: {exc}"
+    moved = node_sync.apply_replica_event(event)
+    return f"replica {event.replica_id}: {event.kind} -> {moved.state if moved else 'unchanged'}"
+
+
+@shared_task(name=NODE_REPORT, queue="control")
+def node_report(message: dict) -> dict | str:
+    """A node agent's heartbeat: its devices and the replicas it runs."""
+    try:
+        report = NodeReport.from_wire(message)
+    except ProtocolError as exc:
+        return f"unreadable: {exc}"
+    return node_sync.apply_node_report(report)

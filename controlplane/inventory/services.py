@@ -7,15 +7,21 @@ from django.utils import timezone
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
+from workers.protocol.control import node_queue
 
 
-def node_queue(name: str) -> str:
-    return f"node.{name}"
+def node_reported(name: str, hostname: str, devices: list[dict]) -> Node:
+    """An agent's report arrived: a node that is new, or was offline, (re-)registers with its
+    devices; an online one has its heartbeat and device figures refreshed."""
+    node = Node.objects.filter(name=name).first()
+    if node is None or node.status != Node.Status.ONLINE or not heartbeat(name, devices):
+        return register_node(name=name, hostname=hostname, devices=devices)
+    return node
 
 
 @transaction.atomic
 def register_node(*, name: str, hostname: str = "", labels: dict | None = None, devices: list[dict]) -> Node:
-    """Called by an agent when it starts: create or refresh its Node and Devices."""
+    """Create or refresh a Node and its Devices (from its agent's first report)."""
     now = timezone.now()
     node, created = Node.objects.update_or_create(
         name=name,
@@ -70,8 +76,8 @@ def heartbeat(name: str, devices: list[dict] | None = None) -> bool:
 
 def mark_stale_nodes_offline() -> list[Node]:
     """Nodes whose heartbeat is older than NODE_STALE_SECONDS go offline; their replicas are
-    failed so the reconciler places them elsewhere."""
-    from controlplane.deployments.services import fail_replicas_on_node
+    stopped so the reconciler places them elsewhere."""
+    from controlplane.deployments.services import stop_replicas_on_node
 
     cutoff = timezone.now() - timedelta(seconds=settings.SWITCHYARD["NODE_STALE_SECONDS"])
     stale = list(Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff))
@@ -86,5 +92,5 @@ def mark_stale_nodes_offline() -> list[Node]:
                 data={"last_heartbeat": node.last_heartbeat.isoformat()},
             )
             publish("node", {"name": node.name, "status": node.status})
-            fail_replicas_on_node(node, reason=f"node {node.name} stopped heartbeating")
+            stop_replicas_on_node(node, reason=f"node {node.name} stopped heartbeating")
     return stale

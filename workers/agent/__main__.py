@@ -1,46 +1,48 @@
-"""`python -m workers.agent --node NAME`: run this machine's node agent (a Celery worker on the
-queue `node.NAME`, thread pool so the supervisor shares state with the tasks)."""
+"""`python -m workers.agent --node NAME`: run this machine's node agent: a Celery worker on the
+queue `node.NAME` (thread pool, so the supervisor shares state with the tasks). It needs Redis
+(REDIS_URL / CELERY_BROKER_URL), not the database: it never loads Django."""
+
+from __future__ import annotations
 
 import argparse
-import os
-import socket
+import logging
 import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.agent", description=__doc__)
-    parser.add_argument(
-        "--node",
-        default=os.environ.get("SWITCHYARD_NODE") or socket.gethostname().split(".")[0],
-        help="node name (default: $SWITCHYARD_NODE or the host name)",
-    )
+    from workers.agent.config import AgentConfig
+
+    parser = argparse.ArgumentParser(prog="python -m workers.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--node", default=None, help="node name (default: $SWITCHYARD_NODE or the host name)")
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
-    os.environ["SWITCHYARD_NODE"] = args.node
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
-    import django
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = AgentConfig.from_env(args.node)
 
-    django.setup()
-    from controlplane.config.celery_app import app
-    from controlplane.inventory.services import node_queue
+    from celery import Celery
+    from celery.signals import worker_shutdown
 
-    app.worker_main(
-        [
-            "worker",
-            "-Q",
-            node_queue(args.node),
-            "-P",
-            "threads",
-            "-c",
-            "4",
-            "-n",
-            f"agent@{args.node}",
-            "--loglevel",
-            args.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
+    from workers.agent import tasks
+    from workers.agent.node import NodeAgent, set_agent
+    from workers.protocol.control import node_queue
+
+    app = Celery("switchyard-agent", broker=config.broker_url)
+    app.conf.update(
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a broker outage is waited out, never fatal
+        worker_hijack_root_logger=False,
     )
+    tasks.register(app)
+    agent = NodeAgent(config, app)
+    set_agent(agent)
+    worker_shutdown.connect(lambda **kwargs: agent.shutdown(), weak=False)
+    agent.start()
+    app.worker_main(
+        ["worker", "-Q", node_queue(config.node), "-P", "threads", "-c", "4", "-n", f"agent@{config.node}",
+         "--loglevel", args.loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    )  # fmt: skip
     return 0
 
 

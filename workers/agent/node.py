@@ -1,87 +1,83 @@
-"""The agent's process-wide state: which node it is, its devices, supervisor and heartbeat."""
+"""The agent's process-wide state: which node it is, its devices, supervisor and heartbeat.
+
+The agent talks to the control plane only through Celery and Redis: it reports with messages
+(see workers.protocol.control) and reads the replicas' status hashes. It never opens the
+database."""
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
+import uuid
 
-from django.conf import settings
+import redis
 
-from controlplane.common import redis as redis_client
-from controlplane.deployments.models import Replica
-from controlplane.deployments.services import transition_replica
-from controlplane.inventory import services as inventory
 from workers.agent import devices as device_discovery
+from workers.agent.config import AgentConfig
+from workers.agent.outbox import Outbox
 from workers.agent.supervisor import Supervisor
+from workers.protocol.control import NodeReport
 
 log = logging.getLogger(__name__)
 _agent: NodeAgent | None = None
-_lock = threading.Lock()
+
+# A node report older than this is of no use to the control worker: a newer one is coming.
+REPORT_EXPIRES_SECONDS = 10.0
 
 
 class NodeAgent:
-    def __init__(self, name: str):
-        self.name = name
-        self.config = settings.SWITCHYARD
-        self.devices = device_discovery.discover(self.config["CPU_MEMORY_BYTES"])
-        self.supervisor = Supervisor(name, self.config, redis_client.client(), settings.REDIS_URL)
+    def __init__(self, config: AgentConfig, app):
+        self.config = config
+        self.name = config.node
+        self.agent_id = uuid.uuid4().hex[:12]
+        self.devices = device_discovery.discover(config.cpu_memory_bytes)
+        self.outbox = Outbox(app, REPORT_EXPIRES_SECONDS)
+        client = redis.Redis.from_url(config.redis_url, decode_responses=True, health_check_interval=10)
+        self.supervisor = Supervisor(config, client, self.outbox.replica_event)
         self._stop = threading.Event()
         self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="node-heartbeat", daemon=True)
 
-    def _register(self) -> None:
-        inventory.register_node(name=self.name, hostname=socket.gethostname(), devices=self.devices)
+    def report(self) -> NodeReport:
+        return NodeReport(
+            node=self.name,
+            hostname=self.config.hostname,
+            agent_id=self.agent_id,
+            devices=device_discovery.stats(self.devices),
+            replicas=self.supervisor.snapshot(),
+        )
 
     def start(self) -> None:
-        self._register()
-        # Replicas this node ran before the agent (re)started are not ours any more.
-        for r in Replica.objects.filter(node__name=self.name, state__in=Replica.LIVE_STATES):
-            transition_replica(
-                r.pk,
-                Replica.State.FAILED,
-                actor_label=f"agent:{self.name}",
-                last_error="node agent restarted while the replica was live",
-            )
+        adopted = self.supervisor.adopt()
+        self.outbox.thread.start()
+        self.outbox.node_report(self.report())  # registers the node (and says what it adopted)
         self.supervisor.thread.start()
         self.heartbeat_thread.start()
-        log.info("node agent %s up with %d device(s)", self.name, len(self.devices))
+        log.info(
+            "node agent %s up with %d device(s)%s",
+            self.name,
+            len(self.devices),
+            f"; adopted replicas {adopted}" if adopted else "",
+        )
 
     def _heartbeat_loop(self) -> None:
-        from django.db import close_old_connections
-
-        interval = self.config["NODE_HEARTBEAT_SECONDS"]
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.config.heartbeat_seconds):
             try:
-                close_old_connections()
-                if not inventory.heartbeat(self.name, device_discovery.stats(self.devices)):
-                    self._register()  # the node row was deleted: come back
+                self.outbox.node_report(self.report())
             except Exception:
                 log.exception("heartbeat failed")
 
     def shutdown(self) -> None:
         self._stop.set()
         self.supervisor.shutdown()
+        self.outbox.close(timeout=5)
 
 
-def node_name() -> str | None:
-    return os.environ.get("SWITCHYARD_NODE")
+def set_agent(agent: NodeAgent) -> None:
+    global _agent
+    _agent = agent
 
 
 def get_agent() -> NodeAgent:
-    """The running agent, started on first use (normally at worker_ready)."""
-    global _agent
-    with _lock:
-        if _agent is None:
-            name = node_name()
-            if not name:
-                raise RuntimeError("this worker is not a node agent (SWITCHYARD_NODE is unset)")
-            _agent = NodeAgent(name)
-            _agent.start()
-        return _agent
-
-
-def shutdown_agent() -> None:
-    with _lock:
-        if _agent is not None:
-            _agent.shutdown()
+    if _agent is None:
+        raise RuntimeError("this process is not a node agent (start one with `python -m workers.agent`)")
+    return _agent

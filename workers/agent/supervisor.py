@@ -1,9 +1,14 @@
 """Replica process supervision on one node.
 
-The supervisor owns the child processes: it starts them, watches them (exit codes, the
-replica's own state reports in Redis), restarts a crashed one with exponential backoff up to a
-limit, then marks it failed with the last lines of its log; it drains and stops them on request.
-Every state change goes through `deployments.services.transition_replica`.
+The supervisor owns the child processes: it starts them from the spec the control worker sent,
+watches them (exit codes, the replica's own reports in Redis), restarts a crashed or hung one
+with exponential backoff up to a limit, then gives up with the last lines of its log; it drains
+and stops them on request. It never writes the database: every change is a `ReplicaEvent`
+handed to `report`, which the agent sends to the control worker.
+
+An agent that is killed leaves its replicas running (they are in their own session). Next to
+each replica's log it keeps the spec and the pid, so that the next agent on this node adopts
+the replicas that still run instead of starting them again or leaving them orphaned.
 """
 
 from __future__ import annotations
@@ -18,48 +23,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
-from django.db import close_old_connections
-from django.utils import timezone
+import psutil
 
-from controlplane.deployments.models import Replica
-from controlplane.deployments.services import transition_replica
-from workers.replica.protocol import ReplicaSpec, status_key
+from workers.agent.config import AgentConfig
+from workers.protocol.control import ReplicaEvent, ReplicaReport
+from workers.replica.protocol import HEARTBEAT_STALE_SECONDS, ReplicaSpec, status_key
 
 log = logging.getLogger(__name__)
-State = Replica.State
-
-
-def build_spec(replica: Replica, settings: dict, redis_url: str) -> ReplicaSpec:
-    """What the replica process needs, read from the database once, here, so that the replica
-    itself never touches it."""
-    deployment = replica.deployment
-    policy = deployment.cache_policy
-    devices = sorted(replica.devices.all(), key=lambda d: d.index)
-    device = "cuda" if devices and devices[0].kind == "cuda" else "cpu"
-    return ReplicaSpec(
-        replica_id=replica.pk,
-        deployment=deployment.slug,
-        model=deployment.model.source,
-        model_name=deployment.model.name,
-        role=replica.role,
-        device=device,
-        dtype=deployment.dtype,
-        block_size=policy.block_size if policy else 16,
-        enable_prefix_caching=policy.prefix_caching if policy else True,
-        max_num_seqs=deployment.max_num_seqs,
-        max_model_len=deployment.max_model_len,
-        kv_cache_bytes=settings["REPLICA_CPU_KV_BYTES"],
-        threads=settings["REPLICA_CPU_THREADS"],
-        kv_protocol=settings["KV_TRANSFER_PROTOCOL"],
-        kv_host=settings["KV_TRANSFER_HOST"],
-        kv_transfer_timeout=settings["KV_TRANSFER_TIMEOUT"],
-        local_prefill_tokens=settings["PD_LOCAL_PREFILL_TOKENS"],
-        redis_url=redis_url,
-        extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
-    )
+UNKNOWN_EXIT = -1000  # an adopted process is not our child: its exit code cannot be read
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -73,55 +49,137 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
+class AdoptedProcess:
+    """A replica process started by an earlier agent on this node, with Popen's few methods
+    the supervisor uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._proc = psutil.Process(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                gone = self._proc.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._proc.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            self._proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0) from None
+        except psutil.NoSuchProcess:
+            pass
+        self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+
+def _is_replica_process(pid: int, replica_id: int) -> bool:
+    """True when `pid` is alive and is replica `replica_id` (a reused pid is not adopted)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return proc.environ().get("SWITCHYARD_REPLICA_ID") == str(replica_id)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 @dataclass
 class Managed:
-    replica_id: int
+    spec: ReplicaSpec
     log_path: Path
-    process: subprocess.Popen | None = None
+    spec_path: Path
+    pid_path: Path
+    process: subprocess.Popen | AdoptedProcess | None = None
     restarts: int = 0
     want_running: bool = True
     restart_at: float | None = None
     kill_at: float | None = None
-    reported_state: str = ""
-    last_db_heartbeat: float = 0.0
-    spec_path: Path | None = None
-    cuda_devices: list[int] = field(default_factory=list)
+    ready: bool = False
+    started_at: float = 0.0
+    status: dict = field(default_factory=dict)  # the replica's last own report (load, endpoint, progress)
+    heartbeat: float | None = None  # its last heartbeat (unix time), once ready
+    sent_tail: str | None = None
+
+    @property
+    def replica_id(self) -> int:
+        return self.spec.replica_id
+
+    @property
+    def phase(self) -> str:
+        if self.process is None:
+            return "restarting"
+        if not self.want_running:
+            return "draining"
+        return "ready" if self.ready else "starting"
 
 
 class Supervisor:
-    def __init__(self, node_name: str, settings: dict, redis_client, redis_url: str):
-        self.node = node_name
-        self.settings = settings
-        self.redis_url = redis_url
-        self.command = settings["REPLICA_COMMAND"]
-        self.max_restarts = settings["REPLICA_MAX_RESTARTS"]
-        self.backoff = settings["REPLICA_BACKOFF_SECONDS"]
-        self.stop_timeout = settings["REPLICA_STOP_TIMEOUT"]
-        self.log_dir = Path(settings["LOG_DIR"])
+    def __init__(self, config: AgentConfig, redis_client, report: Callable[[ReplicaEvent], None]):
+        self.config = config
+        self.node = config.node
+        self.hang_seconds = float(os.environ.get("REPLICA_HANG_SECONDS") or 30)
+        self.log_dir = config.log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis = redis_client
+        self.report = report
         self.replicas: dict[int, Managed] = {}
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="replica-supervisor", daemon=True)
 
+    def _event(self, m: Managed, kind: str, **fields) -> None:
+        self.report(
+            ReplicaEvent(replica_id=m.replica_id, kind=kind, node=self.node, restart_count=m.restarts, **fields)
+        )
+
+    def _managed(self, spec: ReplicaSpec) -> Managed:
+        base = self.log_dir / f"replica-{spec.replica_id}"
+        return Managed(
+            spec=spec,
+            log_path=base.with_suffix(".log"),
+            spec_path=base.with_suffix(".spec.json"),
+            pid_path=base.with_suffix(".pid"),
+        )
+
+    def node_spec(self, spec: ReplicaSpec) -> ReplicaSpec:
+        """The control worker describes the deployment; this node fills in what is its own."""
+        return replace(
+            spec,
+            redis_url=self.config.redis_url,
+            kv_host=self.config.kv_host,
+            kv_protocol=self.config.kv_protocol,
+            threads=self.config.cpu_threads if spec.device == "cpu" else 0,
+            kv_cache_bytes=self.config.cpu_kv_bytes if spec.device == "cpu" else spec.kv_cache_bytes,
+        )
+
     # -- commands (from Celery tasks) -----------------------------------------------------------
-    def start(self, replica_id: int) -> str:
+    def start(self, spec: ReplicaSpec) -> str:
         with self.lock:
-            m = self.replicas.get(replica_id)
-            if m and m.process and m.process.poll() is None:
+            m = self.replicas.get(spec.replica_id)
+            if m is not None and m.want_running:
+                if m.process is not None and m.process.poll() is None:
+                    self._event(m, "ready" if m.ready else "started", pid=m.process.pid, status=m.status)
                 return "already running"
-            replica = Replica.objects.filter(pk=replica_id).select_related("node").first()
-            if replica is None or replica.state not in (State.PENDING, State.STARTING):
-                return f"not startable ({replica.state if replica else 'gone'})"
-            if replica.node is None or replica.node.name != self.node:
-                return "assigned to another node"
-            m = m or Managed(replica_id, self.log_dir / f"replica-{replica_id}.log")
-            m.spec_path = self.log_dir / f"replica-{replica_id}.spec.json"
-            spec = build_spec(replica, self.settings, self.redis_url)
-            m.spec_path.write_text(spec.to_json())
-            m.cuda_devices = spec.extra["cuda_devices"]
-            self.replicas[replica_id] = m
+            m = self._managed(self.node_spec(spec))
+            m.spec_path.write_text(m.spec.to_json())
+            self.replicas[spec.replica_id] = m
             self._spawn(m)
             return "started"
 
@@ -129,80 +187,141 @@ class Supervisor:
         with self.lock:
             m = self.replicas.get(replica_id)
             if m is None or m.process is None or m.process.poll() is not None:
-                self.replicas.pop(replica_id, None)
-                transition_replica(replica_id, State.STOPPED, actor_label=f"agent:{self.node}")
+                if m is not None:
+                    self._forget(m)
+                self.report(ReplicaEvent(replica_id=replica_id, kind="stopped", node=self.node))
                 return "not running"
-            m.want_running = False
-            m.restart_at = None
-            m.kill_at = time.monotonic() + self.stop_timeout
-            # SIGTERM asks the replica to drain: finish in-flight requests, accept none.
-            m.process.send_signal(signal.SIGTERM)
+            if m.want_running:
+                m.want_running = False
+                m.restart_at = None
+                m.kill_at = time.monotonic() + self.config.stop_timeout
+                # SIGTERM asks the replica to drain: finish in-flight requests, accept none.
+                m.process.send_signal(signal.SIGTERM)
             return "stopping"
 
+    def adopt(self) -> list[int]:
+        """Take over the replicas an earlier agent on this node left running; clear what is
+        left of the ones that are gone (the control worker learns from the node report that
+        this agent does not run them)."""
+        adopted = []
+        with self.lock:
+            for spec_path in sorted(self.log_dir.glob("replica-*.spec.json")):
+                try:
+                    spec = ReplicaSpec.from_json(spec_path.read_text())
+                    m = self._managed(spec)
+                    pid, restarts = (int(x) for x in m.pid_path.read_text().split())
+                except (OSError, ValueError, TypeError):
+                    spec_path.unlink(missing_ok=True)
+                    continue
+                if spec.replica_id in self.replicas or not _is_replica_process(pid, spec.replica_id):
+                    self._forget(m)
+                    continue
+                m.process = AdoptedProcess(pid)
+                m.restarts = restarts
+                m.started_at = time.monotonic()
+                self.replicas[spec.replica_id] = m
+                adopted.append(spec.replica_id)
+                log.info("adopted replica %s (pid %s), left running by an earlier agent", spec.replica_id, pid)
+        return adopted
+
     def shutdown(self) -> None:
+        """The agent is stopping cleanly: drain and stop every replica it runs."""
         self._stop.set()
         with self.lock:
+            running = [m for m in self.replicas.values() if m.process and m.process.poll() is None]
+            for m in running:
+                m.process.terminate()
+            deadline = time.monotonic() + self.config.stop_timeout
+            for m in running:
+                try:
+                    m.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    m.process.kill()
+            for m in list(self.replicas.values()):
+                self._event(m, "stopped", error="node agent shut down", log_tail=tail(m.log_path))
+                self._forget(m)
+
+    def snapshot(self) -> list[ReplicaReport]:
+        """What each supervised replica is doing, for the node report. A log tail goes along
+        only when it changed since the last report."""
+        out = []
+        with self.lock:
             for m in self.replicas.values():
-                if m.process and m.process.poll() is None:
-                    m.process.terminate()
-            deadline = time.monotonic() + self.stop_timeout
-            for m in self.replicas.values():
-                if m.process:
-                    try:
-                        m.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                    except subprocess.TimeoutExpired:
-                        m.process.kill()
-                transition_replica(
-                    m.replica_id, State.STOPPED, actor_label=f"agent:{self.node}", last_error="node agent shut down"
+                text = tail(m.log_path, 30)
+                changed = text != m.sent_tail
+                m.sent_tail = text
+                out.append(
+                    ReplicaReport(
+                        replica_id=m.replica_id,
+                        phase=m.phase,
+                        pid=m.process.pid if m.process else None,
+                        restart_count=m.restarts,
+                        status=dict(m.status),
+                        log_tail=text if changed else None,
+                    )
                 )
+        return out
 
     # -- internals ------------------------------------------------------------------------------
+    def _forget(self, m: Managed) -> None:
+        self.replicas.pop(m.replica_id, None)
+        m.spec_path.unlink(missing_ok=True)
+        m.pid_path.unlink(missing_ok=True)
+
     def _spawn(self, m: Managed) -> None:
-        args = shlex.split(self.command.format(python=sys.executable, replica_id=m.replica_id))
+        args = shlex.split(self.config.replica_command.format(python=sys.executable, replica_id=m.replica_id))
         env = {
             **os.environ,
             "SWITCHYARD_REPLICA_ID": str(m.replica_id),
             "SWITCHYARD_NODE": self.node,
             "SWITCHYARD_REPLICA_SPEC": str(m.spec_path),
+            "REDIS_URL": self.config.redis_url,
             "PYTHONUNBUFFERED": "1",
         }
-        if m.cuda_devices:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, m.cuda_devices))
+        cuda = m.spec.extra.get("cuda_devices") or []
+        if cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cuda))
         self.redis.delete(status_key(m.replica_id))
         with m.log_path.open("ab") as logf:
-            logf.write(f"--- start {timezone.now().isoformat()} (restart {m.restarts}): {' '.join(args)}\n".encode())
+            stamp = datetime.now(UTC).isoformat()
+            logf.write(f"--- start {stamp} (restart {m.restarts}): {' '.join(args)}\n".encode())
             logf.flush()
             try:
+                # Its own session: a terminal's Ctrl-C or the agent's death does not reach it.
                 m.process = subprocess.Popen(
-                    args, stdout=logf, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+                    args,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
             except OSError as exc:
                 m.process = None
                 logf.write(f"cannot start: {exc}\n".encode())
-                self.replicas.pop(m.replica_id, None)
-                transition_replica(
-                    m.replica_id,
-                    State.FAILED,
-                    actor_label=f"agent:{self.node}",
-                    last_error=f"cannot start {args[0]}: {exc}",
-                    log_tail=tail(m.log_path),
-                )
+                self._forget(m)
+                self._event(m, "failed", error=f"cannot start {args[0]}: {exc}", log_tail=tail(m.log_path))
                 return
-        m.reported_state = ""
+        m.pid_path.write_text(f"{m.process.pid} {m.restarts}")
+        m.ready, m.status, m.heartbeat = False, {}, None
         m.restart_at = None
-        transition_replica(
-            m.replica_id, State.STARTING, actor_label=f"agent:{self.node}", pid=m.process.pid, restart_count=m.restarts
-        )
+        m.started_at = time.monotonic()
+        self._event(m, "started", pid=m.process.pid)
 
     def _loop(self) -> None:
         while not self._stop.wait(0.25):
             try:
-                close_old_connections()
                 with self.lock:
                     for m in list(self.replicas.values()):
-                        self._check(m)
-            except Exception:  # keep supervising whatever one pass hit
+                        self._check_one(m)
+            except Exception:
                 log.exception("supervisor pass failed")
+
+    def _check_one(self, m: Managed) -> None:
+        try:
+            self._check(m)
+        except Exception:  # e.g. Redis unreachable: keep supervising the others, try again next pass
+            log.exception("supervising replica %s failed", m.replica_id)
 
     def _check(self, m: Managed) -> None:
         now = time.monotonic()
@@ -215,54 +334,62 @@ class Supervisor:
             if not m.want_running and m.kill_at is not None and now >= m.kill_at:
                 log.warning("replica %s did not stop in time; killing", m.replica_id)
                 m.process.kill()
-            self._read_status(m, now)
+            # Judged only on a fresh read: while Redis is unreachable no heartbeat is stale.
+            if self._read_status(m) and m.want_running and self._hung(m):
+                log.warning("replica %s stopped heartbeating for %.0fs; killing it", m.replica_id, self.hang_seconds)
+                with m.log_path.open("ab") as logf:
+                    logf.write(f"--- no heartbeat for {self.hang_seconds:.0f}s: killed by the node agent\n".encode())
+                m.process.kill()
             return
         # The process has exited.
-        label = f"agent:{self.node}"
         if not m.want_running:
-            self.replicas.pop(m.replica_id, None)
-            transition_replica(m.replica_id, State.STOPPED, actor_label=label, log_tail=tail(m.log_path))
+            self._forget(m)
+            self._event(m, "stopped", log_tail=tail(m.log_path))
             return
         m.process = None
+        m.ready = False
         m.restarts += 1
-        error = f"replica process exited with code {code}"
-        if m.restarts > self.max_restarts:
-            self.replicas.pop(m.replica_id, None)
-            transition_replica(
-                m.replica_id,
-                State.FAILED,
-                actor_label=label,
-                last_error=f"{error}; gave up after {self.max_restarts} restarts",
+        error = (
+            "replica process exited (adopted after an agent restart: exit code unknown)"
+            if code == UNKNOWN_EXIT
+            else f"replica process exited with code {code}"
+        )
+        if m.restarts > self.config.max_restarts:
+            m.restarts -= 1
+            self._forget(m)
+            self._event(
+                m,
+                "failed",
+                error=f"{error}; gave up after {self.config.max_restarts} restarts",
+                exit_code=code,
                 log_tail=tail(m.log_path),
-                restart_count=m.restarts - 1,
             )
             return
-        delay = self.backoff * 2 ** (m.restarts - 1)
+        delay = self.config.backoff_seconds * 2 ** (m.restarts - 1)
         m.restart_at = now + delay
         log.warning("replica %s: %s; restarting in %.1fs", m.replica_id, error, delay)
-        Replica.objects.filter(pk=m.replica_id).update(
-            last_error=error, log_tail=tail(m.log_path), restart_count=m.restarts
-        )
+        self._event(m, "exited", exit_code=code, error=error, log_tail=tail(m.log_path))
 
-    def _read_status(self, m: Managed, now: float) -> None:
+    def _hung(self, m: Managed) -> bool:
+        """A ready replica whose heartbeat stopped (a hung process or device)."""
+        if not m.ready or m.heartbeat is None:
+            return False
+        return time.time() - m.heartbeat > max(self.hang_seconds, HEARTBEAT_STALE_SECONDS)
+
+    def _read_status(self, m: Managed) -> bool:
+        """Refresh what the replica reports of itself; False when it has reported nothing."""
         raw = self.redis.hgetall(status_key(m.replica_id))
         if not raw:
-            return
-        state = raw.get("state", "")
-        fields = {}
+            return False
+        status = {}
         for key in ("load", "endpoint", "progress"):  # JSON the replica reports; a garbled value is skipped
             if raw.get(key):
                 with contextlib.suppress(json.JSONDecodeError):
-                    fields[key] = json.loads(raw[key])
-        if state == "ready" and m.reported_state != "ready":
-            if transition_replica(
-                m.replica_id, State.READY, actor_label=f"agent:{self.node}", last_heartbeat=timezone.now(), **fields
-            ):
-                m.reported_state = "ready"
-                m.last_db_heartbeat = now
-        elif now - m.last_db_heartbeat >= 2.0:
-            m.last_db_heartbeat = now
-            # The log tail too, so the console shows what a running replica is saying.
-            Replica.objects.filter(pk=m.replica_id).update(
-                last_heartbeat=timezone.now(), log_tail=tail(m.log_path, 30), **fields
-            )
+                    status[key] = json.loads(raw[key])
+        m.status = status
+        with contextlib.suppress(TypeError, ValueError):
+            m.heartbeat = float(raw.get("heartbeat"))
+        if raw.get("state") == "ready" and not m.ready:
+            m.ready = True
+            self._event(m, "ready", pid=m.process.pid, status=status)
+        return True

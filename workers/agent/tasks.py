@@ -1,30 +1,20 @@
-"""Tasks sent to `node.<name>`; only that node's agent consumes them."""
+"""Tasks sent to `node.<name>`; only that node's agent consumes them. Both are idempotent."""
 
-from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from __future__ import annotations
 
-from workers.agent.node import get_agent, node_name, shutdown_agent
+from celery import Celery
 
-
-@worker_ready.connect
-def _bootstrap(**kwargs):
-    if node_name():
-        get_agent()
+from workers.agent.node import get_agent
+from workers.protocol.control import START_REPLICA, STOP_REPLICA, spec_from_wire
 
 
-@worker_shutdown.connect
-def _shutdown(**kwargs):
-    if node_name():
-        shutdown_agent()
+def register(app: Celery) -> None:
+    @app.task(name=START_REPLICA)
+    def start_replica(spec: dict) -> str:
+        """A replica already running is left alone (and its state reported again)."""
+        return get_agent().supervisor.start(spec_from_wire(spec))
 
-
-@shared_task(name="agent.start_replica")
-def start_replica(replica_id: int) -> str:
-    """Idempotent: a replica already running is left alone."""
-    return get_agent().supervisor.start(replica_id)
-
-
-@shared_task(name="agent.stop_replica")
-def stop_replica(replica_id: int) -> str:
-    """Idempotent: stopping a stopped replica only confirms its state."""
-    return get_agent().supervisor.stop(replica_id)
+    @app.task(name=STOP_REPLICA)
+    def stop_replica(replica_id: int) -> str:
+        """Stopping a replica that does not run here only confirms it is stopped."""
+        return get_agent().supervisor.stop(int(replica_id))

@@ -32,25 +32,6 @@ from workers.bench.processes import ROOT, free_port, percentile, start_replica, 
 
 BENCH_REDIS_DB = 12
 
-BOOTSTRAP = """
-import json, sys
-import django
-django.setup()
-from django.core.management import call_command
-call_command("migrate", "--noinput", verbosity=0)
-from django.contrib.auth import get_user_model
-from controlplane.catalog.services import register_model, validate_model
-from controlplane.deployments.models import Deployment, Replica
-from controlplane.gateway.services import create_api_key
-user = get_user_model().objects.create_user("bench")
-model = validate_model(register_model(name="bench", source=sys.argv[1]).pk)
-# No reconciler runs here: the replica row is made ready by hand and its process started by the bench.
-dep = Deployment.objects.create(slug="bench", model=model, replicas=0, max_num_seqs=int(sys.argv[2]))
-replica = Replica.objects.create(deployment=dep, state="ready")
-_, key = create_api_key(name="bench", owner=user)
-print(json.dumps({"replica_id": replica.pk, "api_key": key}))
-"""
-
 
 def log(message: str, quiet: bool) -> None:
     if not quiet:
@@ -76,8 +57,10 @@ class Platform:
             DJANGO_SETTINGS_MODULE="controlplane.config.settings",
             PYTHONPATH=str(ROOT),
         )
+        # The control plane's side of the platform is made by its own command (this package
+        # never imports Django): a model, a deployment with one hand-made ready replica, a key.
         out = subprocess.run(
-            [sys.executable, "-c", BOOTSTRAP, model, str(max_num_seqs)],
+            [sys.executable, "manage.py", "bench_platform", model, str(max_num_seqs)],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
         info = json.loads(out.stdout.strip().splitlines()[-1])

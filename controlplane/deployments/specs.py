@@ -1,0 +1,34 @@
+"""The self-contained spec a node agent starts a replica from, built from the database here
+(the agent never reads it). Node-specific fields (Redis URL, KV transfer address, CPU threads
+and KV budget) are left at their defaults: the agent fills them in for its own machine."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from controlplane.deployments.models import Replica
+from workers.replica.protocol import ReplicaSpec
+
+
+def build_spec(replica: Replica) -> ReplicaSpec:
+    deployment = replica.deployment
+    policy = deployment.cache_policy
+    devices = sorted(replica.devices.all(), key=lambda d: d.index)
+    device = "cuda" if devices and devices[0].kind == "cuda" else "cpu"
+    config = settings.SWITCHYARD
+    return ReplicaSpec(
+        replica_id=replica.pk,
+        deployment=deployment.slug,
+        model=deployment.model.source,
+        model_name=deployment.model.name,
+        role=replica.role,
+        device=device,
+        dtype=deployment.dtype,
+        block_size=policy.block_size if policy else 16,
+        enable_prefix_caching=policy.prefix_caching if policy else True,
+        max_num_seqs=deployment.max_num_seqs,
+        max_model_len=deployment.max_model_len,
+        kv_transfer_timeout=config["KV_TRANSFER_TIMEOUT"],
+        local_prefill_tokens=config["PD_LOCAL_PREFILL_TOKENS"],
+        extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
+    )
