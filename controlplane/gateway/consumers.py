@@ -76,7 +76,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
     async def _run(self, rid: str, content: dict) -> None:
         gen = None
         try:
-            body = {k: v for k, v in content.items() if k not in ("id", "type", "stream")}
+            body = {k: v for k, v in content.items() if k not in ("id", "type", "stream", "session")}
             req = parse_chat(body)
             gen = await generation.start(req, self.caller, content.get("session"))
             await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,

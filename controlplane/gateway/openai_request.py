@@ -104,16 +104,60 @@ def _integer(body, name, default=None, lo=None, hi=None):
     return _in_range(name, _typed(body, name, int, default, what="an integer"), lo, hi)
 
 
-UNSUPPORTED = {"best_of": 1, "n": 1, "echo": False, "suffix": None, "logit_bias": None}
+# The parameters this server reads: the OpenAI ones it implements, its extensions (top_k, min_p,
+# repetition_penalty, ignore_eos) and client metadata with no effect on the answer.
+PARAMS = {
+    "model", "stream", "stream_options", "stop", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "min_p", "repetition_penalty",
+    "ignore_eos", "user", "metadata", "safety_identifier",
+}  # fmt: skip
+KIND_PARAMS = {"chat": {"messages", "tools", "tool_choice", "top_logprobs"}, "completion": {"prompt"}}
+# OpenAI parameters this server does not implement: a 400 naming them, unless they hold a value
+# that asks for nothing beyond what is built (null always does: it means "not given").
+UNSUPPORTED = {
+    "n": ((1,), "'n' must be 1: several choices per request are not supported yet."),
+    "best_of": ((1,), "'best_of' must be 1: best-of sampling is not supported yet."),
+    "echo": ((False,), "'echo' is not supported yet."),
+    "suffix": (("",), "'suffix' (insertion) is not supported yet."),
+    "logit_bias": (({},), "'logit_bias' is not supported yet."),
+    "response_format": (({"type": "text"},), "'response_format' other than {\"type\": \"text\"} is not supported "
+                        "yet: there is no constrained decoding."),
+    "parallel_tool_calls": ((True,), "'parallel_tool_calls': false is not supported yet: the model may call "
+                            "several tools in one answer."),
+    "service_tier": (("auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not supported yet."),
+    "functions": (([],), "'functions' is not supported; use 'tools'."),
+    "function_call": ((), "'function_call' is not supported; use 'tool_choice'."),
+    "modalities": ((["text"],), "'modalities' other than [\"text\"] is not supported yet."),
+    "audio": ((), "'audio' output is not supported yet."),
+    "prediction": ((), "'prediction' (predicted outputs) is not supported yet."),
+    "web_search_options": ((), "'web_search_options' is not supported yet: there is no web search."),
+    "reasoning_effort": ((), "'reasoning_effort' is not supported yet: no reasoning model is served."),
+    "verbosity": ((), "'verbosity' is not supported yet."),
+    "store": ((False,), "'store': true is not supported yet: completions are not stored."),
+    "prompt_cache_key": ((), "'prompt_cache_key' is not supported yet; send an x-session-affinity header."),
+}  # fmt: skip
+
+
+def _refuse_unsupported(body: dict, kind: str) -> None:
+    """Nothing is ignored: an unbuilt parameter or an unknown one is a 400 naming it (OpenAI
+    also refuses arguments it does not recognise)."""
+    for name, value in body.items():
+        if name in UNSUPPORTED:
+            accepted, message = UNSUPPORTED[name]
+            # type() too: in Python True == 1 and 0 == False, in JSON they differ
+            if value is not None and not any(type(value) is type(ok) and value == ok for ok in accepted):
+                raise bad(message, name, "unsupported")
+        elif name not in PARAMS and name not in KIND_PARAMS[kind]:
+            raise bad(f"Unrecognized request argument supplied: '{name}'.", name, "unknown_parameter")
+    _typed(body, "metadata", dict, None, what="an object")  # accepted (client bookkeeping), not used
+    _typed(body, "safety_identifier", str, None, what="a string")
 
 
 def _common(body: dict, kind: str) -> GenerationRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required: the name of a deployment (see GET /v1/models).", "model", "missing")
-    for name, ok in UNSUPPORTED.items():
-        if name in body and body[name] not in (ok, None, {}):
-            raise bad(f"'{name}' = {json.dumps(body[name])} is not supported by this server.", name, "unsupported")
+    _refuse_unsupported(body, kind)
     stream = _typed(body, "stream", bool, False, what="a boolean")
     options = _typed(body, "stream_options", dict, {}, what="an object")
     stop = body.get("stop")
