@@ -7,12 +7,11 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
 django_asgi = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 
 from controlplane.config.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.gateway.asgi import GatewayASGIHandler  # noqa: E402
+from controlplane.gateway.ws_auth import KeyOrSessionAuth  # noqa: E402
 
 gateway_asgi = GatewayASGIHandler()
 
@@ -26,6 +25,7 @@ async def http(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         "http": http,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # An API key, or the session cookie behind the origin check (see ws_auth).
+        "websocket": KeyOrSessionAuth(URLRouter(websocket_urlpatterns)),
     }
 )

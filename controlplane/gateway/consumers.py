@@ -1,7 +1,9 @@
 """`/ws/generate/`: chat generation over a websocket, several requests at once per socket.
 
-Auth: the signed-in session (the console), or an API key in `?api_key=` or an
-`Authorization: Bearer` header. The client sends a chat request with its own `id`:
+Auth (see ws_auth): an API key in `?api_key=` or an `Authorization: Bearer` header (no Origin
+needed), or the signed-in session (the console, from an allowed origin). A missing, unknown or
+revoked key is accepted and closed at once with code 4401 and the reason. The client sends a
+chat request with its own `id`:
 
     {"id": "r1", "model": "demo", "messages": [...], "max_tokens": 32, ...}   (OpenAI's fields)
     {"type": "cancel", "id": "r1"}
@@ -14,7 +16,6 @@ body). Closing the socket aborts what is still running.
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -24,28 +25,28 @@ from controlplane.gateway.openai_views import ChatShaper, finish_reason
 from controlplane.gateway.tool_calls import ToolCall
 
 MAX_CONCURRENT_PER_SOCKET = 64
+CLOSE_UNAUTHORIZED = 4401  # 4000-4999: application codes; 4401 echoes HTTP's 401
+MISSING_CREDENTIALS = "No API key: send 'Authorization: Bearer sy-...' or ?api_key=sy-... (or sign in to the console)."
 
 
 class GenerateConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.tasks: dict[str, asyncio.Task] = {}
-        user = self.scope.get("user")
+        key, user = self.scope.get("api_key"), self.scope.get("user")
         try:
-            if user is not None and user.is_authenticated:
+            if key is None and user is not None and user.is_authenticated:
                 self.caller = generation.caller_from_user(user)
+            elif key is None:
+                raise OpenAIError(401, MISSING_CREDENTIALS, code="missing_api_key")
             else:
-                self.caller = await generation.caller_from_secret(self._secret())
-        except OpenAIError:
-            await self.close(code=4401)
+                self.caller = await generation.caller_from_secret(key)
+        except OpenAIError as exc:
+            # Accepted first: a close before the accept reaches the client as a bare HTTP 403,
+            # without the code or the reason.
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHORIZED, reason=exc.message)
             return
         await self.accept()
-
-    def _secret(self) -> str | None:
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        if query.get("api_key"):
-            return query["api_key"][0]
-        headers = dict(self.scope.get("headers") or [])
-        return generation.secret_from_header(headers.get(b"authorization", b"").decode() or None)
 
     async def disconnect(self, code):
         for task in getattr(self, "tasks", {}).values():

@@ -323,14 +323,21 @@ def test_websocket_streams_the_same_tokens_as_sse(client, stack):
     assert text == sse_text
 
 
-def test_websocket_refuses_without_credentials(stack):
-    from websockets.exceptions import InvalidStatus
+def test_websocket_takes_a_key_without_origin_and_says_why_it_refuses(stack):
+    from websockets.exceptions import ConnectionClosed
 
-    # A consumer that closes before accepting makes the server refuse the handshake.
-    for query in ("", "?api_key=sy-wrong"):
-        with pytest.raises(InvalidStatus) as refused:
-            ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/{query}", origin=stack["base"])
-        assert refused.value.response.status_code == 403
+    # An application: no Origin header, the key in the Authorization header.
+    auth = {"Authorization": f"Bearer {stack['key']}"}
+    with ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/", additional_headers=auth, open_timeout=10) as ws:
+        ws.send(json.dumps({"id": "k", "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 4}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "done":
+            assert event["type"] in ("start", "token"), event
+    # No key or a wrong one: accepted, then closed with 4401 and the reason (not a bare 403).
+    for query, reason in (("", "No API key"), ("?api_key=sy-wrong", "Invalid or revoked API key")):
+        url = f"ws://127.0.0.1:{stack['port']}/ws/generate/{query}"
+        with ws_connect(url, open_timeout=10) as ws, pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 4401 and reason in closed.value.rcvd.reason
 
 
 def _post(stack, path, body, key="default", **kwargs):
