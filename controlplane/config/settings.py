@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from /static/ (the docs work offline)
     "channels",
     "controlplane.common",
     "controlplane.events",
@@ -91,7 +92,8 @@ ASGI_APPLICATION = "controlplane.config.asgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
-STATIC_URL = "/static/"
+STATIC_URL = "/static/"  # served by controlplane.common.views.static from the apps' static dirs
+CSRF_FAILURE_VIEW = "controlplane.common.views.csrf_failure"
 STATIC_ROOT = STATE_DIR / "static"
 
 CHANNEL_LAYERS = {
@@ -121,6 +123,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from drf-spectacular-sidecar instead of a CDN, and no online spec validator.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # Celery: a control queue for the reconciler, one queue per node for its agent.

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane.common.views import healthz
+from controlplane.common.views import healthz, read_only, static, version
 from controlplane.console import views as console
 from controlplane.telemetry.views import metrics
 
@@ -18,10 +18,17 @@ api_v1 = [
     path("auth/me/", console.MeView.as_view(), name="auth-me"),
 ]
 
+# The pages the console routes in the browser (frontend/src/App.tsx; a test compares the two).
+CONSOLE_PAGES = r"^(?:deployments(?:/[^/]+)?|models|inventory|cache-policies|api-keys|events|playground)/?$"
+
 urlpatterns = [
-    path("", console.spa, name="console"),
+    path("", read_only(console.spa), name="console"),
+    re_path(CONSOLE_PAGES, read_only(console.spa)),
     re_path(r"^assets/(?P<path>.+)$", console.assets),
+    re_path(r"^static/(?P<path>.+)$", static),
+    path("health", healthz, name="health"),
     path("healthz", healthz, name="healthz"),
+    path("version", version, name="version"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
@@ -29,6 +36,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api-auth/", include("rest_framework.urls")),
-    # Everything else is a page of the console, which routes it in the browser.
-    re_path(r"^(?P<path>(?!api/|v1/|admin/|ws/|static/|assets/).*)$", console.spa),
 ]
+# Anything else is a JSON 404, not the console: a probe of /health-like paths must not see a page.
+handler404 = "controlplane.common.views.not_found"

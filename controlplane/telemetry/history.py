@@ -1,10 +1,16 @@
 """Per-deployment metric history at 1 s resolution, for the console's charts.
 
-Every second (Celery beat → `telemetry.sample`) the replicas' counters and histograms are summed
-per deployment and compared with the previous sample: the difference gives tokens/s, TTFT and
-ITL percentiles of that second (interpolated within histogram buckets, as Prometheus'
-histogram_quantile does), the prefix-cache hit rate; gauges give queue depth and KV use. Each
-point is appended to a Redis list capped at 15 minutes and sent to the `metrics` Channels group.
+Every second (Celery beat → `telemetry.sample`) each replica's counters and histograms are
+compared with what the same replica process reported at the previous sample; the differences,
+summed per deployment, give tokens/s, TTFT and ITL percentiles of that second (interpolated
+within histogram buckets, as Prometheus' histogram_quantile does) and the prefix-cache hit rate;
+gauges give queue depth and KV use. Each point is appended to a Redis list capped at 15 minutes
+and sent to the `metrics` Channels group.
+
+Differences are taken per replica process (replica id + incarnation), never on a deployment's
+sum: when a replica leaves, the sum falls, and a fall of the sum cannot be told from a restart,
+which used to count every token of the remaining replicas as generated in that one second. A
+process that the previous sample did not see started since, so everything it counted is new.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from workers.replica import protocol
 HISTORY_SECONDS = 900
 GROUP = "metrics"
 PREVIOUS_KEY = "switchyard:telemetry:previous"
+COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries")
+HISTOGRAMS = {"ttft": "ttft_seconds", "itl": "itl_seconds"}
 
 
 def history_key(deployment: str) -> str:
@@ -26,8 +34,10 @@ def history_key(deployment: str) -> str:
 
 
 def _new_totals() -> dict:
-    return {"generation_tokens": 0, "prefix_cache_hits": 0, "prefix_cache_queries": 0, "running": 0, "waiting": 0,
-            "kv_blocks_total": 0, "kv_blocks_free": 0, "replicas_up": 0, "ttft": None, "itl": None}  # fmt: skip
+    """A deployment's gauges (its fresh replicas, now) and counts (all its replicas, since the
+    previous sample; `counted` is false when there was none)."""
+    return {"running": 0, "waiting": 0, "kv_blocks_total": 0, "kv_blocks_free": 0, "replicas_up": 0,
+            "counted": False, **dict.fromkeys(COUNTERS, 0), **dict.fromkeys(HISTOGRAMS)}  # fmt: skip
 
 
 def _add_hist(acc: dict | None, h: dict) -> dict:
@@ -38,28 +48,69 @@ def _add_hist(acc: dict | None, h: dict) -> dict:
     return acc
 
 
-def aggregate(statuses) -> dict[str, dict]:
-    """Sum what each deployment's live replicas report."""
+def replica_counters(metrics: dict, load: dict) -> dict:
+    """What one replica process has counted since it started (its counters only grow)."""
+    counters = {"generation_tokens": metrics.get("generation_tokens", 0),
+                "prefix_cache_hits": load.get("prefix_cache_hits", 0),
+                "prefix_cache_queries": load.get("prefix_cache_queries", 0)}  # fmt: skip
+    for name, key in HISTOGRAMS.items():
+        if key in metrics:
+            counters[name] = {"buckets": list(metrics[key]["buckets"]), "counts": list(metrics[key]["counts"])}
+    return counters
+
+
+def _delta(cur: int, prev: int) -> int:
+    return cur - prev if cur >= prev else cur  # never negative, even if a counter went back
+
+
+def counted_since(cur: dict, prev: dict | None) -> dict:
+    """What one replica process counted since the previous sample: the difference, or everything
+    for a process the previous sample did not see."""
+    if prev is None:
+        return cur
+    out = {k: _delta(cur[k], prev.get(k, 0)) for k in COUNTERS}
+    for name in HISTOGRAMS:
+        c, p = cur.get(name), prev.get(name)
+        if c is None:
+            continue
+        out[name] = c
+        if p is not None and p["buckets"] == c["buckets"]:
+            diff = [a - b for a, b in zip(c["counts"], p["counts"], strict=True)]
+            if min(diff) >= 0:
+                out[name] = {"buckets": c["buckets"], "counts": diff}
+    return out
+
+
+def aggregate(statuses, previous: dict[str, dict] | None) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Per deployment: the gauges of its live replicas and what its replicas counted since
+    `previous` (each replica process's counters at the previous sample, None if there was none).
+    Also returns each replica process's counters now, the `previous` of the next sample."""
     totals: dict[str, dict] = defaultdict(_new_totals)
+    counters: dict[str, dict] = {}
     for replica, status in statuses:
         t = totals[replica.deployment.slug]
-        if not status or not protocol.is_fresh(status):
+        if not status:
             continue
         try:
             metrics = json.loads(status.get("metrics") or "{}")
             load = json.loads(status.get("load") or "{}")
         except ValueError:
             continue
-        t["replicas_up"] += 1
-        t["generation_tokens"] += metrics.get("generation_tokens", 0)
-        for key in ("prefix_cache_hits", "prefix_cache_queries", "running", "waiting", "kv_blocks_total",
-                    "kv_blocks_free"):  # fmt: skip
-            t[key] += load.get(key, 0)
-        if "ttft_seconds" in metrics:
-            t["ttft"] = _add_hist(t["ttft"], metrics["ttft_seconds"])
-        if "itl_seconds" in metrics:
-            t["itl"] = _add_hist(t["itl"], metrics["itl_seconds"])
-    return dict(totals)
+        process = f"{replica.pk}:{status.get('incarnation', '')}"
+        counters[process] = replica_counters(metrics, load)
+        if previous is not None:
+            t["counted"] = True
+            new = counted_since(counters[process], previous.get(process))
+            for key in COUNTERS:
+                t[key] += new[key]
+            for name in HISTOGRAMS:
+                if new.get(name) is not None:
+                    t[name] = _add_hist(t[name], new[name])
+        if protocol.is_fresh(status):
+            t["replicas_up"] += 1
+            for key in ("running", "waiting", "kv_blocks_total", "kv_blocks_free"):
+                t[key] += load.get(key, 0)
+    return dict(totals), counters
 
 
 def quantile(buckets: list[float], counts: list[int], q: float) -> float | None:
@@ -76,40 +127,30 @@ def quantile(buckets: list[float], counts: list[int], q: float) -> float | None:
     return buckets[-1]
 
 
-def _delta(cur: int, prev: int) -> int:
-    return cur - prev if cur >= prev else cur  # a replica restarted: its counters began again
-
-
-def point(now: float, cur: dict, prev: dict | None, prev_time: float | None) -> dict:
-    dt = (now - prev_time) if prev_time else None
+def point(now: float, t: dict, dt: float | None) -> dict:
+    """A history point from a deployment's totals (see aggregate), `dt` seconds after the last."""
     out = {
         "t": round(now, 3),
-        "replicas_up": cur["replicas_up"],
-        "running": cur["running"],
-        "waiting": cur["waiting"],
-        "queue_depth": cur["running"] + cur["waiting"],
-        "kv_use": round(1 - cur["kv_blocks_free"] / cur["kv_blocks_total"], 4) if cur["kv_blocks_total"] else None,
+        "replicas_up": t["replicas_up"],
+        "running": t["running"],
+        "waiting": t["waiting"],
+        "queue_depth": t["running"] + t["waiting"],
+        "kv_use": round(1 - t["kv_blocks_free"] / t["kv_blocks_total"], 4) if t["kv_blocks_total"] else None,
         "tokens_per_second": None,
         "cache_hit_rate": None,
     }
-    for name in ("ttft", "itl"):
+    for name in HISTOGRAMS:
         out[f"{name}_p50_ms"] = out[f"{name}_p90_ms"] = None
-    if prev is None or not dt or dt <= 0:
+    if not t["counted"] or not dt or dt <= 0:
         return out
-    out["tokens_per_second"] = round(_delta(cur["generation_tokens"], prev["generation_tokens"]) / dt, 2)
-    queries = _delta(cur["prefix_cache_queries"], prev["prefix_cache_queries"])
-    if queries > 0:
-        out["cache_hit_rate"] = round(_delta(cur["prefix_cache_hits"], prev["prefix_cache_hits"]) / queries, 4)
-    for name in ("ttft", "itl"):
-        c, p = cur.get(name), prev.get(name)
-        if c is None:
+    out["tokens_per_second"] = round(t["generation_tokens"] / dt, 2)
+    if t["prefix_cache_queries"] > 0:
+        out["cache_hit_rate"] = round(t["prefix_cache_hits"] / t["prefix_cache_queries"], 4)
+    for name in HISTOGRAMS:
+        if t[name] is None:
             continue
-        counts = c["counts"]
-        if p is not None and p["buckets"] == c["buckets"]:
-            diff = [a - b for a, b in zip(c["counts"], p["counts"], strict=True)]
-            counts = diff if min(diff) >= 0 else c["counts"]
         for q in (50, 90):
-            v = quantile(c["buckets"], counts, q / 100)
+            v = quantile(t[name]["buckets"], t[name]["counts"], q / 100)
             out[f"{name}_p{q}_ms"] = round(v * 1000, 3) if v is not None else None
     return out
 
@@ -117,18 +158,18 @@ def point(now: float, cur: dict, prev: dict | None, prev_time: float | None) -> 
 def sample(redis_client, now: float | None = None) -> dict[str, dict]:
     """Take one sample of every deployment; returns the new points by deployment."""
     now = now or time.time()
-    current = aggregate(replica_statuses(redis_client))
     raw = redis_client.get(PREVIOUS_KEY)
     previous = json.loads(raw) if raw else {}
+    totals, counters = aggregate(replica_statuses(redis_client), previous.get("replicas"))
+    dt = now - previous["t"] if "t" in previous else None
     points = {}
     pipe = redis_client.pipeline(transaction=False)
-    for slug, totals in current.items():
-        prev = previous.get("totals", {}).get(slug)
-        points[slug] = p = point(now, totals, prev, previous.get("t"))
+    for slug, t in totals.items():
+        points[slug] = p = point(now, t, dt)
         pipe.rpush(history_key(slug), json.dumps(p))
         pipe.ltrim(history_key(slug), -HISTORY_SECONDS, -1)
         pipe.expire(history_key(slug), HISTORY_SECONDS * 2)
-    pipe.set(PREVIOUS_KEY, json.dumps({"t": now, "totals": current}), ex=HISTORY_SECONDS)
+    pipe.set(PREVIOUS_KEY, json.dumps({"t": now, "replicas": counters}), ex=HISTORY_SECONDS)
     pipe.execute()
     return points
 

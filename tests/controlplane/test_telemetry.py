@@ -1,17 +1,19 @@
-"""Metric history arithmetic: percentiles from histogram deltas, rates, counter resets."""
+"""Metric history arithmetic, from synthetic replica status hashes in Redis (written as a replica
+writes them) through `sample`: per-second rates and percentiles, replicas that restart, leave or
+join."""
+
+import json
+import time
 
 import pytest
 
-from controlplane.telemetry.history import point, quantile
+from controlplane.catalog.models import Model
+from controlplane.common import redis as redis_client
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.telemetry.history import PREVIOUS_KEY, history, quantile, sample
+from workers.replica import protocol
 
 BUCKETS = [0.01, 0.1, 1.0]
-
-
-def totals(tokens=0, hits=0, queries=0, itl=(0, 0, 0, 0), ttft=(0, 0, 0, 0), running=0, waiting=0, free=10):
-    return {"generation_tokens": tokens, "prefix_cache_hits": hits, "prefix_cache_queries": queries,
-            "running": running, "waiting": waiting, "kv_blocks_total": 10, "kv_blocks_free": free,
-            "replicas_up": 1, "itl": {"buckets": BUCKETS, "counts": list(itl)},
-            "ttft": {"buckets": BUCKETS, "counts": list(ttft)}}  # fmt: skip
 
 
 def test_quantile_interpolates_within_buckets_and_clamps_the_overflow():
@@ -21,20 +23,94 @@ def test_quantile_interpolates_within_buckets_and_clamps_the_overflow():
     assert quantile(BUCKETS, [0, 0, 0, 3], 0.9) == pytest.approx(1.0)  # +Inf: reported at the last bound
 
 
-def test_a_point_reports_this_seconds_rates_and_percentiles():
-    prev = totals(tokens=100, hits=2, queries=4, itl=(10, 0, 0, 0))
-    cur = totals(tokens=150, hits=5, queries=8, itl=(10, 10, 0, 0), ttft=(0, 1, 0, 0), running=3, waiting=2, free=4)
-    p = point(1002.0, cur, prev, 1000.0)
+@pytest.fixture
+def redis():
+    client = redis_client.client()
+    client.delete(PREVIOUS_KEY)
+    return client
+
+
+@pytest.fixture
+def deployment(db):
+    model = Model.objects.create(name="tiny", source="/models/tiny")
+    return Deployment.objects.create(slug="demo", model=model)
+
+
+def replica(deployment, state=Replica.State.READY) -> Replica:
+    return Replica.objects.create(deployment=deployment, state=state)
+
+
+def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl=(0, 0, 0, 0), ttft=(0, 0, 0, 0),
+           running=0, waiting=0, free=10):  # fmt: skip
+    """A replica's heartbeat: the fields and encoding of workers/replica/server.py."""
+    hist = lambda counts: {"buckets": BUCKETS, "counts": list(counts), "sum": 0.0, "count": sum(counts)}  # noqa: E731
+    load = {"running": running, "waiting": waiting, "kv_blocks_total": 10, "kv_blocks_free": free,
+            "prefix_cache_hits": hits, "prefix_cache_queries": queries}  # fmt: skip
+    metrics = {"deployment": r.deployment.slug, "generation_tokens": tokens, "ttft_seconds": hist(ttft),
+               "itl_seconds": hist(itl)}  # fmt: skip
+    redis.hset(protocol.status_key(r.pk), mapping={
+        "state": "ready", "load": protocol.encode(load), "metrics": protocol.encode(metrics),
+        "heartbeat": f"{time.time():.3f}", "incarnation": incarnation,
+    })  # fmt: skip
+
+
+def test_a_point_reports_this_seconds_rates_and_percentiles(redis, deployment):
+    r = replica(deployment)
+    report(redis, r, "a", tokens=100, hits=2, queries=4, itl=(10, 0, 0, 0))
+    first = sample(redis, now=1000.0)["demo"]
+    assert first["tokens_per_second"] is None and first["itl_p50_ms"] is None and first["kv_use"] == 0.0
+    report(redis, r, "a", tokens=150, hits=5, queries=8, itl=(10, 10, 0, 0), ttft=(0, 1, 0, 0), running=3,
+           waiting=2, free=4)  # fmt: skip
+    p = sample(redis, now=1002.0)["demo"]
     assert p["tokens_per_second"] == 25.0
     assert p["cache_hit_rate"] == 0.75
     assert p["itl_p50_ms"] == pytest.approx(55.0)  # only this second's 10 gaps, all in (10 ms, 100 ms]
     assert p["ttft_p50_ms"] == pytest.approx(55.0)
-    assert (p["queue_depth"], p["kv_use"]) == (5, 0.6)
+    assert (p["queue_depth"], p["kv_use"], p["replicas_up"]) == (5, 0.6, 1)
+    assert [x["t"] for x in history(redis, "demo")] == [1000.0, 1002.0]
 
 
-def test_first_point_and_counter_resets():
-    first = point(5.0, totals(tokens=10), None, None)
-    assert first["tokens_per_second"] is None and first["itl_p50_ms"] is None and first["kv_use"] == 0.0
-    restarted = point(2.0, totals(tokens=7, itl=(1, 0, 0, 0)), totals(tokens=500, itl=(50, 0, 0, 0)), 1.0)
-    assert restarted["tokens_per_second"] == 7.0  # counted from the replica's restart, not negative
-    assert restarted["itl_p50_ms"] == pytest.approx(5.0)
+def test_a_replica_leaving_is_not_taken_for_a_counter_reset(redis, deployment):
+    """Two replicas at 1000 tokens each; one leaves while the other makes 10 tokens in a second.
+    The deployment's sum falls from 2020 to 1020, which must not read as 1020 tokens/s."""
+    stays, leaves = replica(deployment), replica(deployment)
+    for r in (stays, leaves):
+        report(redis, r, f"p{r.pk}", tokens=1000, itl=(0, 500, 0, 0))
+    sample(redis, now=1000.0)
+    for r in (stays, leaves):
+        report(redis, r, f"p{r.pk}", tokens=1010, itl=(10, 500, 0, 0))
+    assert sample(redis, now=1001.0)["demo"]["tokens_per_second"] == 20.0
+    Replica.objects.filter(pk=leaves.pk).update(state=Replica.State.STOPPED)
+    report(redis, stays, f"p{stays.pk}", tokens=1020, itl=(20, 500, 0, 0))
+    p = sample(redis, now=1002.0)["demo"]
+    assert p["tokens_per_second"] == 10.0
+    assert p["itl_p90_ms"] == pytest.approx(9.0)  # this second's 10 gaps under 10 ms, not the 500 older ones
+    assert p["replicas_up"] == 1
+
+
+def test_a_restarted_or_new_replica_counts_from_its_start(redis, deployment):
+    old, new = replica(deployment), replica(deployment, state=Replica.State.STARTING)
+    report(redis, old, "first", tokens=500, itl=(50, 0, 0, 0))
+    sample(redis, now=1.0)
+    report(redis, old, "second", tokens=7, itl=(1, 0, 0, 0))  # the same replica, a new process
+    report(redis, new, "n", tokens=5)  # a replica that came up since the last sample
+    p = sample(redis, now=2.0)["demo"]
+    assert p["tokens_per_second"] == 12.0  # 7 + 5, counted from each process's start, never negative
+    assert p["itl_p50_ms"] == pytest.approx(5.0)
+
+
+def test_a_replica_whose_heartbeat_lapsed_adds_no_tokens_when_it_returns(redis, deployment):
+    r = replica(deployment)
+    report(redis, r, "a", tokens=300)
+    sample(redis, now=1.0)
+    redis.hset(protocol.status_key(r.pk), "heartbeat", "0")  # stale: not up, counters unchanged
+    lapsed = sample(redis, now=2.0)["demo"]
+    assert (lapsed["replicas_up"], lapsed["tokens_per_second"]) == (0, 0.0)
+    report(redis, r, "a", tokens=304)
+    assert sample(redis, now=3.0)["demo"]["tokens_per_second"] == 4.0
+
+
+def test_a_previous_sample_in_the_old_format_starts_afresh(redis, deployment):
+    report(redis, replica(deployment), "a", tokens=50)
+    redis.set(PREVIOUS_KEY, json.dumps({"t": 1.0, "totals": {"demo": {"generation_tokens": 9000}}}))
+    assert sample(redis, now=2.0)["demo"]["tokens_per_second"] is None
