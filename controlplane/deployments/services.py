@@ -338,7 +338,40 @@ def reconcile_deployment(dep: Deployment) -> dict:
                 _publish_replica(r)
                 send_start(r)
                 done["started"].append(r.pk)
+        _note_placement(dep, done["unplaced"])
     return done
+
+
+def _placement_problem(dep: Deployment) -> str:
+    """Why `_place` found no room, in words for the console."""
+    nodes = list(Node.objects.filter(status=Node.Status.ONLINE).order_by("name"))
+    if not nodes:
+        return "no online node"
+    need = dep.devices_per_replica
+    rooms = []
+    for node in nodes:
+        healthy = node.devices.filter(health=Device.Health.HEALTHY).count()
+        rooms.append(f"{node.name}: {len(_free_devices(node))} of {healthy} healthy devices free" if healthy
+                     else f"{node.name}: no healthy device")  # fmt: skip
+    return f"no online node has room for a replica ({need} device{'s' if need > 1 else ''}): " + "; ".join(rooms)
+
+
+def _note_placement(dep: Deployment, unplaced: int) -> None:
+    """Show on the deployment why replicas are missing; an event when that starts and when it
+    ends, not on every reconcile pass."""
+    problem = ""
+    if unplaced:
+        problem = f"{unplaced} replica{'s' if unplaced > 1 else ''} not placed: {_placement_problem(dep)}"
+    if problem == dep.placement_error:
+        return
+    if problem and not dep.placement_error:
+        record_event("deployment.unplaced", dep, actor_label="reconciler", data={"reason": problem})
+    elif not problem:
+        record_event("deployment.placed", dep, actor_label="reconciler", data={"was": dep.placement_error})
+    dep.placement_error = problem
+    dep.save(update_fields=["placement_error"])
+    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation,
+                           "placement_error": problem})  # fmt: skip
 
 
 def reconcile_all() -> dict[str, dict]:

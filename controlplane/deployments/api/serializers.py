@@ -89,10 +89,19 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "desired_state",
             "generation",
             "replica_states",
+            "placement_error",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["id", "desired_state", "generation", "replica_states", "created_at", "updated_at"]
+        read_only_fields = [
+            "id",
+            "desired_state",
+            "generation",
+            "replica_states",
+            "placement_error",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_replica_states(self, obj) -> dict[str, int]:
         counts: dict[str, int] = {}

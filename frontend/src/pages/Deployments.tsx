@@ -117,6 +117,7 @@ export function DeploymentDetail() {
         <button onClick={() => act("restart")}>Restart</button>
       </p>
       {error && <p className="error" role="alert">{error}</p>}
+      {dep.placement_error && <p className="error" data-testid="placement-error">Cannot place replicas: {dep.placement_error}</p>}
       {["colocated", "prefill", "decode"].map((role) => {
         const rs = live.filter((r) => r.role === role);
         if (!rs.length) return null;
