@@ -64,7 +64,6 @@ class Deployment(models.Model):
     desired_state = models.CharField(max_length=8, choices=DesiredState.choices, default=DesiredState.RUNNING)
     generation = models.PositiveIntegerField(default=1, help_text="bumped by restart: older replicas are replaced")
     placement_error = models.TextField(blank=True, help_text="why replicas cannot be placed; empty when they can")
-    placement_error = models.TextField(blank=True, help_text="why replicas cannot be placed; empty when they can")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
