@@ -56,9 +56,12 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# Neither check needs a database (models against migration files), so they get a throwaway one:
+# pointed at TEST_DATABASE_URL, makemigrations warned that its database did not exist (pytest
+# creates test_<name>, never <name> itself).
 check: setup
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py check
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL=sqlite://:memory: $(PY) manage.py check
+	DATABASE_URL=sqlite://:memory: $(PY) manage.py makemigrations --check --dry-run
 
 test: setup lint check
 	cd frontend && npm test --silent
