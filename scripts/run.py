@@ -75,7 +75,7 @@ import django
 django.setup()
 from django.core.management import call_command
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
+from controlplane.common.services import create_token, revoke_tokens
 from controlplane.catalog.models import Model
 from controlplane.catalog.services import register_model, validate_model
 from controlplane.deployments import services as deployments
@@ -100,7 +100,10 @@ if demo is None:
     deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1}, actor=user)
 elif demo.desired_state != "running":
     deployments.start(demo, actor=user)
-print(json.dumps({"api_key": secret, "token": Token.objects.get_or_create(user=user)[0].key}))
+# The token this script polls the API with; only its hash is kept, so a fresh one each run.
+revoke_tokens(user, name="make-run")
+_, token = create_token(user, name="make-run")
+print(json.dumps({"api_key": secret, "token": token}))
 """
 
 

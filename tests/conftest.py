@@ -31,11 +31,12 @@ def user(django_user_model):
 
 
 def bearer_client(u):
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
+    from controlplane.common.services import create_token
+
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.get_or_create(user=u)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {create_token(u)[1]}")
     return client
 
 

@@ -1,0 +1,102 @@
+"""Secrets and trust boundaries: management tokens kept as hashes."""
+
+import hashlib
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from rest_framework.test import APIClient
+
+from controlplane.common.models import ManagementToken
+
+pytestmark = pytest.mark.django_db
+
+
+# -- management tokens --------------------------------------------------------------------------
+
+
+def _create_token(capsys, *args) -> str:
+    call_command("create_token", *args)
+    return capsys.readouterr().out.strip()
+
+
+def _client(secret: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
+
+
+def test_token_is_stored_as_a_hash_only(staff, capsys):
+    secret = _create_token(capsys, "ops", "--name", "ci")
+    assert _client(secret).get("/api/v1/models/").status_code == 200
+    token = ManagementToken.objects.get(user=staff)
+    assert token.hashed_secret == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret.startswith(token.prefix) and len(token.prefix) < len(secret) // 2
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {ManagementToken._meta.db_table}")
+        rows = cursor.fetchall()
+    assert secret not in repr(rows)
+    token.refresh_from_db()
+    assert token.last_used_at is not None and token.name == "ci"
+
+
+def test_token_is_shown_once_each_call_makes_a_new_one(staff, capsys):
+    first, second = _create_token(capsys, "ops"), _create_token(capsys, "ops")
+    assert first != second
+    assert ManagementToken.objects.filter(user=staff, revoked_at=None).count() == 2
+    assert _client(first).get("/api/v1/models/").status_code == 200
+    assert _client(second).get("/api/v1/models/").status_code == 200
+
+
+def test_revoked_token_is_refused(staff, capsys):
+    keep, drop = _create_token(capsys, "ops"), _create_token(capsys, "ops")
+    call_command("revoke_tokens", "ops", "--prefix", drop[:12])
+    assert "revoked 1 token of ops" in capsys.readouterr().out
+    response = _client(drop).get("/api/v1/models/")
+    assert response.status_code == 401 and response.json() == {"detail": "Invalid token."}
+    assert response["WWW-Authenticate"] == "Bearer"
+    assert _client(keep).get("/api/v1/models/").status_code == 200
+    call_command("revoke_tokens", "ops")
+    assert _client(keep).get("/api/v1/models/").status_code == 401
+
+
+def test_rotate_revokes_the_users_other_tokens(staff, capsys):
+    old = _create_token(capsys, "ops")
+    new = _create_token(capsys, "ops", "--rotate")
+    assert _client(old).get("/api/v1/models/").status_code == 401
+    assert _client(new).get("/api/v1/models/").status_code == 200
+
+
+def test_right_prefix_wrong_secret_is_refused(staff, capsys):
+    secret = _create_token(capsys, "ops")
+    forged = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    assert _client(forged).get("/api/v1/models/").status_code == 401
+
+
+@pytest.mark.parametrize("header", ["Bearer", "Bearer a b", "Bearer syt-", "Bearer 0123456789abcdef0123456789abcdef"])
+def test_malformed_bearer_headers_are_401(anon_client, header):
+    anon_client.credentials(HTTP_AUTHORIZATION=header)
+    response = anon_client.get("/api/v1/models/")
+    assert response.status_code == 401 and "detail" in response.json()
+
+
+def test_token_of_a_deactivated_user_is_refused(staff, capsys):
+    secret = _create_token(capsys, "ops")
+    staff.is_active = False
+    staff.save()
+    assert _client(secret).get("/api/v1/models/").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_drops_old_plaintext_tokens():
+    """A database from before had DRF's authtoken table, keys in plaintext: the migration drops it."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("common", "0001_initial")])
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, user_id integer)")
+        cursor.execute("INSERT INTO authtoken_token VALUES ('0123456789abcdef0123456789abcdef01234567', 1)")
+    executor = MigrationExecutor(connection)
+    executor.migrate([("common", "0002_drop_plaintext_tokens")])
+    assert "authtoken_token" not in connection.introspection.table_names()
