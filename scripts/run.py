@@ -21,6 +21,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from workers.state_dir import make_private
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("SWITCHYARD_STATE_DIR", ROOT / ".switchyard"))
 PY = sys.executable
@@ -133,13 +135,13 @@ def wait_http(url: str, timeout: float, token: str | None = None, until=lambda b
 
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
-    STATE.mkdir(parents=True, exist_ok=True)
+    # Owner-only state directory, and a 077 umask inherited by every process started below.
+    make_private(STATE)
     port = int(os.environ.get("PORT", "8000"))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     node = os.environ.get("SWITCHYARD_NODE") or socket.gethostname().split(".")[0]
     procs: list[tuple[str, subprocess.Popen]] = []
     logs_dir = STATE / "logs"
-    logs_dir.mkdir(exist_ok=True)
 
     def start(name: str, args: list[str]) -> None:
         out = (logs_dir / f"{name}.log").open("ab")

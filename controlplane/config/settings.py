@@ -8,11 +8,15 @@ from pathlib import Path
 
 import environ
 
+from workers.state_dir import make_private
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 env = environ.Env()
 
 STATE_DIR = Path(env("SWITCHYARD_STATE_DIR", default=str(BASE_DIR / ".switchyard")))
-STATE_DIR.mkdir(parents=True, exist_ok=True)
+# Owner-only (0700/0600) and a 077 umask for this process and those it starts: the database,
+# secret key and logs hold secrets.
+make_private(STATE_DIR)
 
 
 def _dev_secret_key() -> str:

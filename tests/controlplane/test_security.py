@@ -1,6 +1,12 @@
-"""Secrets and trust boundaries: management tokens kept as hashes."""
+"""Secrets and trust boundaries: management tokens kept as hashes, an owner-only state
+directory."""
 
 import hashlib
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -9,6 +15,7 @@ from rest_framework.test import APIClient
 
 from controlplane.common.models import ManagementToken
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
 
 
@@ -100,3 +107,85 @@ def test_migration_drops_old_plaintext_tokens():
     executor = MigrationExecutor(connection)
     executor.migrate([("common", "0002_drop_plaintext_tokens")])
     assert "authtoken_token" not in connection.introspection.table_names()
+
+
+# -- state directory ----------------------------------------------------------------------------
+
+STATE_SCRIPT = """
+import os, subprocess, sys
+from pathlib import Path
+import django
+django.setup()
+from django.conf import settings
+from django.db import connection
+connection.ensure_connection()  # creates the SQLite file
+logs = Path(settings.SWITCHYARD["LOG_DIR"])
+logs.joinpath("web.log").open("ab").close()  # as `make run` opens its processes' logs
+subprocess.run([sys.executable, "-c", "open(%r, 'a').close()" % str(logs / "child.log")], check=True)
+"""
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _with_open_umask(args: list[str]) -> list[str]:
+    """`args` run under a 022 umask, a shell's usual one (this test process already has 077)."""
+    return ["sh", "-c", 'umask 022 && exec "$@"', "sh", *args]
+
+
+def test_state_directory_and_its_files_are_owner_only(tmp_path):
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    state.chmod(0o755)
+    (state / "logs").chmod(0o755)
+    (state / "run.json").write_text("{}")  # left by an older version, world-readable
+    (state / "run.json").chmod(0o644)
+    (state / "logs" / "old.log").write_text("")
+    (state / "logs" / "old.log").chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+    env.update(SWITCHYARD_STATE_DIR=str(state), DJANGO_SETTINGS_MODULE="controlplane.config.settings")
+    out = subprocess.run(
+        _with_open_umask([sys.executable, "-c", STATE_SCRIPT]),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (_mode(state), _mode(state / "logs")) == (0o700, 0o700)
+    files = ["db.sqlite3", "secret_key", "run.json", "logs/old.log", "logs/web.log", "logs/child.log"]
+    assert {name: oct(_mode(state / name)) for name in files} == {name: oct(0o600) for name in files}
+
+
+def test_node_agent_makes_the_state_directory_private(tmp_path, settings):
+    """The node agent loads no Django settings: it sets the umask itself (its replicas, which
+    write their logs through it, inherit it) and tightens what is there."""
+    from tests.support.stack import wait_for
+    from workers.bench.processes import stop
+
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    state.chmod(0o755)
+    (state / "logs" / "replica-9.log").write_text("")
+    (state / "logs" / "replica-9.log").chmod(0o644)
+    # Without DJANGO_SETTINGS_MODULE, as on a GPU node (with it, Celery's Django fix-up would
+    # import the settings, which would do the work).
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(SWITCHYARD_STATE_DIR=str(state), REDIS_URL=settings.REDIS_URL)
+    log = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        _with_open_umask([sys.executable, "-m", "workers.agent", "--node", "umask-test"]),
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        wait_for(lambda: _mode(state / "logs" / "replica-9.log") == 0o600, 60, "the agent to tighten its logs")
+        status = Path(f"/proc/{agent.pid}/status").read_text()
+        assert "Umask:\t0077" in status
+        assert (_mode(state), _mode(state / "logs")) == (0o700, 0o700)
+    finally:
+        stop([agent], [log])

@@ -11,6 +11,7 @@ import sys
 
 def main(argv=None) -> int:
     from workers.agent.config import AgentConfig
+    from workers.state_dir import make_private
 
     parser = argparse.ArgumentParser(prog="python -m workers.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--node", default=None, help="node name (default: $SWITCHYARD_NODE or the host name)")
@@ -18,6 +19,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = AgentConfig.from_env(args.node)
+    # Replica logs, specs and pid files are this user's alone; the replicas inherit the umask.
+    make_private(config.state_dir)
 
     from celery import Celery
     from celery.signals import worker_shutdown
