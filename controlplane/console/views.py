@@ -2,7 +2,8 @@
 
 Every path the console routes itself (/deployments, /playground...) gets index.html; its
 assets come from /assets/. The console talks to the REST API with the Django session, so
-login/logout/me live here, with CSRF (the console sends the csrftoken cookie back as a header).
+login/logout/me live here, with CSRF (the console sends the csrftoken cookie back as a header;
+`me` and the page itself set that cookie).
 """
 
 from pathlib import Path
@@ -10,10 +11,12 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
 from django.http import FileResponse, Http404, HttpResponse
+from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.static import serve
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -49,6 +52,13 @@ USER = inline_serializer("ConsoleUser", {"username": serializers.CharField(), "i
 class LoginView(APIView):
     permission_classes = [AllowAny]
 
+    def initial(self, request, *args, **kwargs):
+        # DRF exempts its views from Django's CSRF middleware and checks CSRF only for a request
+        # already signed in; a login must be checked too, or another site can sign a browser in
+        # as the attacker's account (login CSRF). Refused: 403 with DRF's error body.
+        super().initial(request, *args, **kwargs)
+        SessionAuthentication().enforce_csrf(request._request)
+
     @extend_schema(
         operation_id="auth_login",
         request=inline_serializer("Login", {"username": serializers.CharField(), "password": serializers.CharField()}),
@@ -78,6 +88,7 @@ class MeView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(operation_id="auth_me", responses={200: USER})
+    @method_decorator(ensure_csrf_cookie)  # the login form sends this cookie back
     def get(self, request):
         if not request.user.is_authenticated:
             return Response({"detail": "Not signed in."}, status=status.HTTP_401_UNAUTHORIZED)

@@ -1,5 +1,5 @@
 """Secrets and trust boundaries: management tokens kept as hashes, an owner-only state
-directory."""
+directory, CSRF on the console's login."""
 
 import hashlib
 import os
@@ -189,3 +189,33 @@ def test_node_agent_makes_the_state_directory_private(tmp_path, settings):
         assert (_mode(state), _mode(state / "logs")) == (0o700, 0o700)
     finally:
         stop([agent], [log])
+
+
+# -- CSRF on the console's login ----------------------------------------------------------------
+
+
+def test_login_without_csrf_token_is_refused(staff):
+    client = APIClient(enforce_csrf_checks=True)
+    response = client.post("/api/v1/auth/login/", {"username": "ops", "password": "pw-ops"}, format="json")
+    assert response.status_code == 403 and "CSRF" in response.json()["detail"]
+    assert client.get("/api/v1/auth/me/").status_code == 401
+
+
+def test_login_with_a_wrong_csrf_token_is_refused(staff):
+    client = APIClient(enforce_csrf_checks=True)
+    client.get("/api/v1/auth/me/")
+    response = client.post(
+        "/api/v1/auth/login/", {"username": "ops", "password": "pw-ops"}, format="json", HTTP_X_CSRFTOKEN="x" * 32
+    )
+    assert response.status_code == 403
+
+
+def test_login_with_the_csrf_cookie_echoed_is_accepted(staff):
+    client = APIClient(enforce_csrf_checks=True)
+    assert client.get("/api/v1/auth/me/").status_code == 401  # not signed in, but sets the cookie
+    csrf = client.cookies["csrftoken"].value
+    response = client.post(
+        "/api/v1/auth/login/", {"username": "ops", "password": "pw-ops"}, format="json", HTTP_X_CSRFTOKEN=csrf
+    )
+    assert response.status_code == 200 and response.json()["username"] == "ops"
+    assert client.get("/api/v1/auth/me/").json() == {"username": "ops", "is_staff": True}
