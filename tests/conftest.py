@@ -20,6 +20,16 @@ def _clean_redis():
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _model_roots(tmp_path_factory):
+    """The models the tests register live in pytest's temporary directory: a model root."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(MODEL_ROOTS=[*settings.MODEL_ROOTS, str(tmp_path_factory.getbasetemp())]):
+        yield
+
+
 @pytest.fixture
 def staff(django_user_model):
     return django_user_model.objects.create_user("ops", password="pw-ops", is_staff=True)

@@ -1,14 +1,14 @@
 """The files of a Hugging Face model directory, read without torch.
 
 Shared by the engine's loader and the control plane's catalog, which must not import torch:
-one place decides which architectures are served, how config.json is read and which weight
-files a directory holds.
+one place decides which architectures are served, how config.json is read, which weight
+files a directory holds, and that every file read is inside the directory.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -21,14 +21,37 @@ class UnsupportedArchitectureError(ModelDirectoryError):
     pass
 
 
+def model_file(model_dir: str | Path, name: str) -> Path:
+    """The file `name` (relative: a fixed name, or an entry of a config or index) of the model
+    directory, symlinks resolved. Refused when it is absolute, climbs with `..`, or resolves
+    outside the directory: a model's files must not make us read others. The message is the
+    same whether or not the outside target exists, so it reveals nothing about the filesystem."""
+    root = Path(model_dir).resolve()
+    relative = PurePath(name)
+    if name.strip() and "\0" not in name and not relative.is_absolute() and ".." not in relative.parts:
+        path = (root / relative).resolve()
+        if path.is_relative_to(root):
+            return path
+    raise ModelDirectoryError(f"{model_dir}: {name!r} is outside the model directory")
+
+
+def local_files(model_dir: str | Path) -> list[Path]:
+    """The regular files directly in the model directory, without symlinks that lead out of it."""
+    root = Path(model_dir).resolve()
+    return [p for p in root.iterdir() if p.resolve().is_relative_to(root) and p.is_file()]
+
+
 def read_config(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / "config.json"
+    path = model_file(model_dir, "config.json")
     if not path.is_file():
         raise ModelDirectoryError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelDirectoryError(f"{path}: invalid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelDirectoryError(f"{path}: not a JSON object")
+    return config
 
 
 def architecture(config: dict, source: str = "config.json") -> str:
@@ -46,18 +69,21 @@ def architecture(config: dict, source: str = "config.json") -> str:
 def weight_files(model_dir: str | Path) -> list[Path]:
     """The safetensors files holding the weights: one file, or the shards an index names."""
     root = Path(model_dir)
-    index = root / "model.safetensors.index.json"
+    index = model_file(root, "model.safetensors.index.json")
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise ModelDirectoryError(f"{index}: not a valid safetensors index ({exc})") from exc
-        files = sorted({root / name for name in weight_map.values()})
+        shards = weight_map.values() if isinstance(weight_map, dict) else [None]
+        if not all(isinstance(name, str) for name in shards):
+            raise ModelDirectoryError(f"{index}: not a valid safetensors index (weight_map: names to file names)")
+        files = sorted({model_file(root, name) for name in shards})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise ModelDirectoryError(f"{index} names shards that are missing: {', '.join(missing)}")
         return files
-    single = root / "model.safetensors"
+    single = model_file(root, "model.safetensors")
     if single.is_file():
         return [single]
     if list(root.glob("*.bin")):

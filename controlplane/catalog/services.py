@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.catalog import validation
@@ -8,14 +9,14 @@ from controlplane.events.services import record_event
 
 @transaction.atomic
 def register_model(*, name: str, source: str, source_type: str = Model.Source.LOCAL, actor=None) -> Model:
-    """Register a model. A local directory is checked now (400 with the reason when broken);
-    the checksum is computed by the `catalog.validate_model` task."""
+    """Register a model. A local directory must be under MODEL_ROOTS and is checked now (400
+    with the reason when broken); the checksum is computed by the `catalog.validate_model` task."""
     if Model.objects.filter(name=name).exists():
         raise DomainError(f"a model named {name!r} already exists", field="name")
     model = Model(name=name, source=source, source_type=source_type)
     if source_type == Model.Source.LOCAL:
         try:
-            info = validation.inspect_directory(source)
+            info = validation.inspect_directory(validation.check_under_roots(source, settings.MODEL_ROOTS))
         except validation.ModelDirectoryError as exc:
             raise DomainError(str(exc), field="source") from exc
         _apply_info(model, info)
@@ -45,7 +46,8 @@ def validate_model(model_id: int) -> Model | None:
         return model
     Model.objects.filter(pk=model.pk).update(status=Model.Status.VALIDATING)
     try:
-        info = validation.inspect_directory(model.source)
+        # The roots again: the directory may have been swapped for a symlink since registration.
+        info = validation.inspect_directory(validation.check_under_roots(model.source, settings.MODEL_ROOTS))
         _apply_info(model, info)
         model.checksum = validation.checksum(info.weight_files)
         model.status, model.status_message = Model.Status.READY, ""

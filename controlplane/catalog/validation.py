@@ -2,7 +2,8 @@
 
 The directory layout (config.json, supported architecture, weight files) is checked by
 `workers.model_files`, the same code the engine loads with; here we add the safetensors
-headers (for the parameter count), the tokenizer check and the checksum.
+headers (for the parameter count), the tokenizer check, the checksum, and the model roots a
+directory must be under (MODEL_ROOTS).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.model_files import ModelDirectoryError, architecture, read_config, weight_files
+from workers.model_files import (
+    ModelDirectoryError,
+    architecture,
+    local_files,
+    model_file,
+    read_config,
+    weight_files,
+)
 
 
 @dataclass
@@ -42,6 +50,20 @@ def _safetensors_params(path: Path) -> int:
     return sum(math.prod(meta.get("shape", [])) for name, meta in header.items() if name != "__metadata__")
 
 
+def check_under_roots(source: str, roots: list[str]) -> Path:
+    """`source`, symlinks resolved, if it is under one of `roots`. Checked before anything is
+    read, and answered the same whether or not the path exists, so the API cannot be used to
+    probe the filesystem outside the roots."""
+    path = Path(source)
+    if not path.is_absolute():
+        raise ModelDirectoryError(f"{source!r} is not an absolute path")
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(Path(root).expanduser().resolve()) for root in roots):
+        return resolved  # what was checked is what is read
+    allowed = ", ".join(roots) or "none are configured"
+    raise ModelDirectoryError(f"{source} is not under a model root (MODEL_ROOTS: {allowed})")
+
+
 def inspect_directory(directory: str | Path) -> ModelInfo:
     root = Path(directory)
     if not root.is_dir():
@@ -49,13 +71,13 @@ def inspect_directory(directory: str | Path) -> ModelInfo:
     config = read_config(root)
     arch = architecture(config)
     files = weight_files(root)
-    if not (root / "tokenizer.json").is_file():
+    if not model_file(root, "tokenizer.json").is_file():
         raise ModelDirectoryError(f"{root} has no tokenizer.json")
     return ModelInfo(
         architecture=arch,
         parameter_count=sum(_safetensors_params(f) for f in files),
         dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
-        bytes_on_disk=sum(p.stat().st_size for p in root.iterdir() if p.is_file()),
+        bytes_on_disk=sum(p.stat().st_size for p in local_files(root)),
         context_length=config.get("max_position_embeddings"),
         weight_files=files,
     )

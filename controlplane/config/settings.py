@@ -44,6 +44,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# Local model directories may only be registered from under these (symlinks resolved).
+MODEL_ROOTS = env.list("MODEL_ROOTS", default=[str(BASE_DIR / "workers" / "demo"), str(STATE_DIR / "models")])
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -52,9 +52,9 @@ def test_register_model_reads_config_and_validates(staff_client, model_dir, djan
     assert model.status == Model.Status.READY and len(model.checksum) == 64
 
 
-@pytest.mark.parametrize("source,message", [("/nonexistent/dir", "not a directory"), ("/tmp", "no config.json")])
-def test_register_broken_directory_is_400_naming_the_field(staff_client, source, message):
-    response = staff_client.post("/api/v1/models/", {"name": "bad", "source": source}, format="json")
+@pytest.mark.parametrize("source,message", [("nonexistent/dir", "not a directory"), ("", "no config.json")])
+def test_register_broken_directory_is_400_naming_the_field(staff_client, tmp_path, source, message):
+    response = staff_client.post("/api/v1/models/", {"name": "bad", "source": str(tmp_path / source)}, format="json")
     assert response.status_code == 400
     assert message in response.json()["source"][0]
 

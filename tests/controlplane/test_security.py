@@ -1,8 +1,10 @@
 """Secrets and trust boundaries: management tokens kept as hashes, an owner-only state
-directory, CSRF on the console's login."""
+directory, CSRF on the console's login, model registration confined to MODEL_ROOTS."""
 
 import hashlib
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -219,3 +221,121 @@ def test_login_with_the_csrf_cookie_echoed_is_accepted(staff):
     )
     assert response.status_code == 200 and response.json()["username"] == "ops"
     assert client.get("/api/v1/auth/me/").json() == {"username": "ops", "is_staff": True}
+
+
+# -- model roots and files inside the model directory -------------------------------------------
+
+
+@pytest.fixture
+def roots(tmp_path, settings):
+    """One model root, tmp_path/models, and nothing else; tmp_path/outside is outside it."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "outside").mkdir()
+    settings.MODEL_ROOTS = [str(tmp_path / "models")]
+    return tmp_path / "models", tmp_path / "outside"
+
+
+def _register(client, source) -> tuple[int, dict]:
+    response = client.post("/api/v1/models/", {"name": "m", "source": str(source)}, format="json")
+    return response.status_code, response.json()
+
+
+def test_model_inside_a_root_registers(staff_client, model_dir, roots):
+    inside, _ = roots
+    shutil.copytree(model_dir, inside / "tiny")
+    status, body = _register(staff_client, inside / "tiny")
+    assert status == 201, body
+
+
+@pytest.mark.parametrize("how", ["outside", "dotdot", "symlink", "relative"])
+def test_model_outside_the_roots_is_refused(staff_client, model_dir, roots, how):
+    inside, outside = roots
+    shutil.copytree(model_dir, outside / "tiny")  # a valid model: only its place is wrong
+    (inside / "link").symlink_to(outside / "tiny")
+    source = {
+        "outside": outside / "tiny",
+        "dotdot": f"{inside}/../outside/tiny",
+        "symlink": inside / "link",
+        "relative": "models/../outside/tiny",
+    }[how]
+    status, body = _register(staff_client, source)
+    assert status == 400, body
+    assert list(body) == ["source"]
+    assert ("not an absolute path" if how == "relative" else "is not under a model root") in body["source"][0]
+
+
+def test_outside_the_roots_same_answer_whether_the_path_exists(staff_client, model_dir, roots):
+    _, outside = roots
+    shutil.copytree(model_dir, outside / "aaaa")
+    answers = []
+    for name in ("aaaa", "bbbb"):  # exists, does not
+        status, body = _register(staff_client, outside / name)
+        answers.append((status, body["source"][0].replace(name, "NAME")))
+    assert answers[0] == answers[1]
+
+
+def _sharded_copy(model_dir, target: Path, entry: str) -> Path:
+    """model_dir copied to target, with an index whose one shard is named `entry`."""
+    shutil.copytree(model_dir, target)
+    index = {"metadata": {}, "weight_map": {"w": entry}}
+    (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    return target
+
+
+@pytest.mark.parametrize("entry", ["../secret.safetensors", "a/../../secret.safetensors", "ABSOLUTE"])
+def test_weight_map_entries_leaving_the_directory_are_refused(staff_client, model_dir, roots, entry):
+    inside, _ = roots
+    shutil.copy(model_dir / "model.safetensors", inside / "secret.safetensors")  # a real file to reach
+    entry = str(inside / "secret.safetensors") if entry == "ABSOLUTE" else entry
+    status, body = _register(staff_client, _sharded_copy(model_dir, inside / "tiny", entry))
+    assert status == 400 and "is outside the model directory" in body["source"][0]
+
+
+def test_shard_symlinked_out_refused_with_the_same_message_whether_it_exists(staff_client, model_dir, roots):
+    inside, outside = roots
+    shutil.copy(model_dir / "model.safetensors", outside / "real.safetensors")
+    answers = []
+    for target in ("real.safetensors", "missing.safetensors"):
+        model = _sharded_copy(model_dir, inside / "tiny", "shard.safetensors")
+        (model / "shard.safetensors").symlink_to(outside / target)
+        status, body = _register(staff_client, model)
+        answers.append((status, body["source"][0]))
+        shutil.rmtree(model)
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 400 and "'shard.safetensors' is outside the model directory" in answers[0][1]
+    assert "real" not in answers[0][1]
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_config_or_tokenizer_symlinked_out_is_refused(staff_client, model_dir, roots, name):
+    inside, outside = roots
+    model = inside / "tiny"
+    shutil.copytree(model_dir, model)
+    (model / name).rename(outside / name)
+    (model / name).symlink_to(outside / name)
+    status, body = _register(staff_client, model)
+    assert status == 400 and f"'{name}' is outside the model directory" in body["source"][0]
+
+
+def test_files_symlinked_out_are_not_counted_on_disk(staff_client, model_dir, roots):
+    inside, outside = roots
+    model = inside / "tiny"
+    shutil.copytree(model_dir, model)
+    (outside / "big").write_bytes(b"x" * 1_000_000)
+    (model / "notes.txt").symlink_to(outside / "big")
+    status, body = _register(staff_client, model)
+    assert status == 201
+    assert body["bytes_on_disk"] == sum(p.stat().st_size for p in model_dir.iterdir() if p.is_file())
+
+
+def test_validation_checks_the_roots_again(staff_client, model_dir, roots, settings):
+    from controlplane.catalog.models import Model
+    from controlplane.catalog.services import validate_model
+
+    inside, _ = roots
+    shutil.copytree(model_dir, inside / "tiny")
+    status, body = _register(staff_client, inside / "tiny")
+    assert status == 201
+    settings.MODEL_ROOTS = []
+    model = validate_model(body["id"])
+    assert model.status == Model.Status.ERROR and "not under a model root" in model.status_message

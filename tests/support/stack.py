@@ -51,6 +51,7 @@ def stack_env(state_dir: Path, **overrides) -> dict:
         "REDIS_URL": settings.REDIS_URL,
         "SWITCHYARD_STATE_DIR": str(state_dir),
         "SECRET_KEY": settings.SECRET_KEY,  # sessions signed here must be valid there
+        "MODEL_ROOTS": ",".join(settings.MODEL_ROOTS),  # models registered here are validated there
         "REPLICA_BACKOFF_SECONDS": "0.2",
         "REPLICA_STOP_TIMEOUT": "5",
         "NODE_HEARTBEAT_SECONDS": "0.5",

@@ -13,11 +13,12 @@ from safetensors import safe_open
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.models import model_class
-from workers.model_files import weight_files
+from workers.model_files import model_file, weight_files
 
 
 def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from each file in turn; tensors are views of the mapped file."""
+    """Yield (name, tensor) from each file in turn; tensors are views of the mapped file. The
+    files are those `weight_files` names: an index entry leading out of the directory is refused."""
     for path in weight_files(model_dir):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -30,7 +31,7 @@ def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def eos_token_ids(model_dir: str | Path, cfg: ModelConfig) -> tuple[int, ...]:
-    path = Path(model_dir) / "generation_config.json"
+    path = model_file(model_dir, "generation_config.json")
     ids = list(cfg.eos_token_ids)
     if path.is_file():
         try:

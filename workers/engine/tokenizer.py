@@ -13,6 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
 from workers.engine.errors import ModelLoadError, RequestError
+from workers.model_files import model_file
 
 
 def _token_str(value) -> str | None:
@@ -29,14 +30,14 @@ class TemplateError(RequestError):
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         root = Path(model_dir)
-        path = root / "tokenizer.json"
+        path = model_file(root, "tokenizer.json")
         if not path.is_file():
             raise ModelLoadError(f"{root}: no tokenizer.json (a fast tokenizer is required)")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception for malformed files
             raise ModelLoadError(f"{path}: cannot load tokenizer ({exc})") from exc
-        cfg_path = root / "tokenizer_config.json"
+        cfg_path = model_file(root, "tokenizer_config.json")
         self.config: dict = {}
         if cfg_path.is_file():
             try:
@@ -55,7 +56,7 @@ class Tokenizer:
         self._template = None
 
     def _find_chat_template(self, root: Path) -> str | None:
-        jinja_file = root / "chat_template.jinja"
+        jinja_file = model_file(root, "chat_template.jinja")
         if jinja_file.is_file():
             return jinja_file.read_text()
         template = self.config.get("chat_template")
