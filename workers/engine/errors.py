@@ -14,7 +14,13 @@ ModelLoadError = ModelDirectoryError
 
 
 class RequestError(EngineError, ValueError):
-    """A request cannot be served as given (too long, bad sampling parameters...)."""
+    """A request cannot be served as given (too long, bad sampling parameters...). `param`
+    names the field at fault when there is one (`temperature`, `prompt`...), so a server can
+    tell its client which parameter to fix."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 __all__ = ["EngineError", "ModelLoadError", "RequestError", "UnsupportedArchitectureError"]

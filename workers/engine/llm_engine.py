@@ -98,15 +98,16 @@ class LLMEngine:
         """Raise RequestError if this engine cannot serve the prompt (empty, unknown token ids,
         no room left to generate). Replicas call it before reserving anything for a request."""
         if not prompt_token_ids:
-            raise RequestError("the prompt is empty")
+            raise RequestError("the prompt is empty", "prompt")
         vocab = self.model_config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
-            raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+            raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}", "prompt")
         if len(prompt_token_ids) >= self.max_model_len:
             raise RequestError(
                 f"the prompt is {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
-                "and at least one must be left to generate"
+                "and at least one must be left to generate",
+                "prompt",
             )
 
     def _new_sequence(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:

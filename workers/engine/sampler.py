@@ -87,7 +87,7 @@ class Sampler:
                 lp = raw_logprobs[row]
                 entry: dict[int, float] = {}
                 if n > 0:
-                    top = torch.topk(lp, n)
+                    top = torch.topk(lp, min(n, lp.shape[-1]))  # a vocabulary smaller than n has no more
                     entry = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
                 entry[tokens[row]] = float(lp[tokens[row]])
                 logprobs[row] = entry

@@ -1,10 +1,68 @@
-"""Per-request generation settings, validated on construction (vLLM's names and meanings)."""
+"""Per-request generation settings, validated on construction (vLLM's names and meanings).
+
+The checks are complete on purpose: what constructs must get through every engine step. A
+value that failed later (a seed past torch's range, a huge integer, a string where a number
+goes) would fail inside `step()`, which runs the whole batch, so one bad request would end
+every other one. Each error is a RequestError naming the field.
+"""
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 
 from workers.engine.errors import RequestError
+
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed's range (it wraps negative seeds; we refuse them)
+MAX_LOGPROBS = 20
+# Below this a temperature is greedy: dividing fp32 logits by it would overflow them to inf.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _show(value) -> str:
+    """A value for an error message (an int past Python's 4300-digit str limit cannot be str'd)."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)[:60]
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number, got {type(value).__name__}", name)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise RequestError(f"{name} is out of range, got {_show(value)}", name) from None
+    if not math.isfinite(number):
+        raise RequestError(f"{name} must be a finite number, got {number}", name)
+    return number
+
+
+def _integer(name: str, value) -> int:
+    if isinstance(value, bool):  # an int to Python, never meant as one
+        raise RequestError(f"{name} must be an integer, got bool", name)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise RequestError(f"{name} must be an integer, got {type(value).__name__}", name) from None
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {type(value).__name__}", name)
+    return value
+
+
+def _within(name: str, value, lo=None, hi=None, *, above: bool = False):
+    """`lo <= value <= hi` (`lo < value` when `above`); either bound may be None."""
+    low_ok = lo is None or (value > lo if above else value >= lo)
+    if not (low_ok and (hi is None or value <= hi)):
+        left = "(" if above else "["
+        bounds = f"{left}{lo}, {hi}]" if hi is not None else None
+        want = f"in {bounds}" if bounds else f"{'>' if above else '>='} {lo}"
+        raise RequestError(f"{name} must be {want}, got {_show(value)}", name)
+    return value
 
 
 @dataclass
@@ -25,30 +83,39 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is None or self.top_k == 0:
+        self.temperature = _within("temperature", _real("temperature", self.temperature), 0)
+        self.top_p = _within("top_p", _real("top_p", self.top_p), 0, 1, above=True)
+        self.top_k = -1 if self.top_k is None else _integer("top_k", self.top_k)
+        if self.top_k == 0:
             self.top_k = -1
-        if self.top_k < -1:
-            raise RequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not -2 <= self.presence_penalty <= 2:
-            raise RequestError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise RequestError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.repetition_penalty <= 0:
-            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise RequestError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        _within("top_k", self.top_k, -1)
+        self.min_p = _within("min_p", _real("min_p", self.min_p), 0, 1)
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, _within(name, _real(name, getattr(self, name)), -2, 2))
+        self.repetition_penalty = _within(
+            "repetition_penalty", _real("repetition_penalty", self.repetition_penalty), 0, above=True
+        )
+        if self.seed is not None:
+            self.seed = _within("seed", _integer("seed", self.seed), 0, SEED_MAX)
+        if self.max_tokens is not None:
+            self.max_tokens = _within("max_tokens", _integer("max_tokens", self.max_tokens), 1)
+        if self.logprobs is not None:
+            self.logprobs = _within("logprobs", _integer("logprobs", self.logprobs), 0, MAX_LOGPROBS)
+        self.stop = self._stop_strings(self.stop)
+        ids = self.stop_token_ids or []
+        if not isinstance(ids, (list, tuple)):
+            raise RequestError(f"stop_token_ids must be a list of integers, got {type(ids).__name__}", "stop_token_ids")
+        self.stop_token_ids = [_within("stop_token_ids", _integer("stop_token_ids", t), 0) for t in ids]
+        self.ignore_eos = _bool("ignore_eos", self.ignore_eos)
+        self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
+
+    @staticmethod
+    def _stop_strings(stop) -> list[str]:
+        if stop is None or isinstance(stop, str):
+            stop = [stop] if stop else []
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise RequestError("stop must be a string or a list of strings", "stop")
+        return [s for s in stop if s]
 
     @property
     def max_stop_len(self) -> int:
@@ -56,7 +123,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:

@@ -26,6 +26,9 @@ def _token_str(value) -> str | None:
 class TemplateError(RequestError):
     """The chat template refused the conversation (raise_exception) or failed to render."""
 
+    def __init__(self, message: str, param: str | None = "messages"):
+        super().__init__(message, param)
+
 
 class Tokenizer:
     def __init__(self, model_dir: str | Path):

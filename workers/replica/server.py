@@ -34,6 +34,7 @@ IDLE_WAIT_SECONDS = 0.1
 TRANSFER_POLL_SECONDS = 0.001
 READ_BLOCK_MS = 1000
 READ_BATCH = 256
+SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
 @dataclass
@@ -152,30 +153,52 @@ class ReplicaServer:
                 return
 
     def _admit(self, message: dict) -> None:
+        """Admit one `generate` message, or answer it with an error event. Whatever is wrong
+        with it ends there: the loop and the other requests go on."""
         rid, reply_to = message.get("id"), message.get("reply_to")
-        if not rid or not reply_to:
+        if not (rid and reply_to and isinstance(rid, str) and isinstance(reply_to, str)):
             log.warning("generate message without id or reply_to: %s", list(message))
             return
         if self.draining:
             self._send(reply_to, {"id": rid, "type": "error", "status": 503, "message": "replica is draining"})
             return
+        chat = message.get("messages") is not None
         try:
+            raw = message.get("params") or {}
+            if not isinstance(raw, dict):
+                raise RequestError("sampling parameters must be an object", "params")
+            unknown = sorted(set(raw) - SAMPLING_FIELDS)
+            if unknown:
+                raise RequestError(f"unknown sampling parameter {unknown[0]!r}", unknown[0])
+            params = SamplingParams(**raw)
             prompt_ids = self._prompt_ids(message)
-            params = dict(message.get("params") or {})
-            top = params.get("logprobs")
-            prefill = (message.get("prefill") or {}).get("replica_id")
+            prefill = message.get("prefill")
+            prefill = prefill.get("replica_id") if isinstance(prefill, dict) else None
             if len(prompt_ids) < self.spec.local_prefill_tokens:
                 prefill = None
-            if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, params, int(prefill))):
-                self.engine.add_request(rid, prompt_ids, SamplingParams(**params))
+            if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, raw, int(prefill))):
+                self.engine.add_request(rid, prompt_ids, params)
         except RequestError as exc:
-            code = "context_length_exceeded" if "context" in str(exc) else "invalid_request"
-            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": str(exc), "code": code})
+            # The engine names prompt problems `prompt`; a chat request sent `messages`.
+            param = "messages" if exc.param == "prompt" and chat else exc.param
+            code = "context_length_exceeded" if exc.param == "prompt" and "context" in str(exc) else "invalid_value"
+            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": str(exc), "param": param,
+                                  "code": code})  # fmt: skip
             return
-        except TypeError as exc:  # an unknown sampling field: the gateway should never send one
-            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": f"bad parameters: {exc}"})
+        except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+            # Malformed beyond what the gateway lets through (token ids that are not integers...):
+            # the details go to the log, the client gets which part to fix.
+            log.warning("request %s refused: %s: %s", rid, type(exc).__name__, exc)
+            param = "messages" if chat else "prompt"
+            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "param": param, "code": "invalid_value",
+                                  "message": f"the request's {param} could not be read"})  # fmt: skip
             return
-        self.inflight[rid] = Inflight(reply_to, time.monotonic(), top)
+        except Exception:  # a bug met by this request alone must not end every other one
+            log.exception("admitting request %s failed", rid)
+            self._send(reply_to, {"id": rid, "type": "error", "status": 500, "code": "replica_error",
+                                  "message": "the replica could not admit the request"})  # fmt: skip
+            return
+        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs)
         self._send(reply_to, {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)})
 
     def _prompt_ids(self, message: dict) -> list[int]:
