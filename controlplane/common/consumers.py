@@ -20,5 +20,9 @@ class SignedInGroupConsumer(AsyncJsonWebsocketConsumer):
     async def joined(self, user) -> None:
         """Called once the socket is accepted."""
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """These sockets only push; what a client sends is ignored (not parsed: a frame that is
+        not JSON, or nested too deep for it, would otherwise end the socket)."""
+
     async def disconnect(self, code):
         await self.channel_layer.group_discard(self.group, self.channel_name)

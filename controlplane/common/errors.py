@@ -1,8 +1,12 @@
 """Domain errors and the single place they become HTTP responses."""
 
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from controlplane.common.json_body import too_large
+from controlplane.common.parsers import as_api_exception
 
 
 class DomainError(Exception):
@@ -26,6 +30,8 @@ def exception_handler(exc, context):
         response = drf_exception_handler(exceptions.ValidationError(detail), context)
         response.status_code = exc.status_code
         return response
+    if isinstance(exc, RequestDataTooBig):  # Django's own limit (forms, request.body): the same 413
+        return drf_exception_handler(as_api_exception(too_large()), context)
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         return drf_exception_handler(exceptions.ValidationError(detail), context)

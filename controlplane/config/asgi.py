@@ -5,14 +5,16 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
-django_asgi = get_asgi_application()
+get_asgi_application()  # sets Django up; the handlers below are Django's, with the body limit
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 
+from controlplane.common.asgi import LimitedBodyASGIHandler  # noqa: E402
 from controlplane.config.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.gateway.asgi import GatewayASGIHandler  # noqa: E402
 from controlplane.gateway.ws_auth import KeyOrSessionAuth  # noqa: E402
 
+django_asgi = LimitedBodyASGIHandler()
 gateway_asgi = GatewayASGIHandler()
 
 

@@ -101,6 +101,15 @@ STATIC_URL = "/static/"  # served by controlplane.common.views.static from the a
 CSRF_FAILURE_VIEW = "controlplane.common.views.csrf_failure"
 STATIC_ROOT = STATE_DIR / "static"
 
+# Request limits on every surface (/v1, /api/v1, websockets). 8 MiB holds the longest prompts
+# served: a 1M-token text prompt (~4 bytes a token) or a 256k-token prompt sent as token ids
+# (~7 bytes each), with room for JSON escaping; a request over it is a 413 before it is parsed.
+# 64 levels are far more than any tool schema nests and far fewer than what recurses per level
+# later (json, chat templates) can take.
+MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=8 << 20)
+MAX_JSON_DEPTH = env.int("MAX_JSON_DEPTH", default=64)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES  # Django's own check (request.body, forms)
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -121,6 +130,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.common.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.common.parsers.JSONParser",  # within MAX_REQUEST_BYTES and MAX_JSON_DEPTH
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Switchyard management API",

@@ -3,14 +3,23 @@
 The browser-facing middleware (sessions, CSRF, messages, auth...) is synchronous: under ASGI
 each one costs two thread hops per request, about 5 ms in all on a small machine, and the
 API authenticates with its own keys and needs none of it. Everything else is ordinary Django
-(URL routing, views, signals, exception handling).
+(URL routing, views, signals, exception handling), and the body limit of every handler
+(common.asgi), answered in OpenAI's error shape.
 """
 
-from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpResponse, JsonResponse
+
+from controlplane.common.asgi import LimitedBodyASGIHandler
+from controlplane.common.json_body import too_large
+from controlplane.gateway.openai_request import OpenAIError
 
 
-class GatewayASGIHandler(ASGIHandler):
+class GatewayASGIHandler(LimitedBodyASGIHandler):
+    def too_large_response(self, size: int | None) -> HttpResponse:
+        exc = OpenAIError(413, too_large(size).message, code="request_too_large")
+        return JsonResponse(exc.body(), status=413)
+
     def load_middleware(self, is_async=False):
         self._view_middleware = []
         self._template_response_middleware = []

@@ -20,7 +20,7 @@ import asyncio
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.gateway import generation
-from controlplane.gateway.openai_request import OpenAIError, parse_chat
+from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_json
 from controlplane.gateway.openai_views import ChatShaper, finish_reason
 from controlplane.gateway.tool_calls import ToolCall
 
@@ -52,6 +52,16 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
         for task in getattr(self, "tasks", {}).values():
             task.cancel()
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """Each frame must be a JSON object within the request limits (as an HTTP body is); one
+        that is not gets an error with `id: null` and the socket, with its other requests, goes on."""
+        try:
+            content = parse_json(text_data if text_data is not None else bytes_data or b"")
+        except OpenAIError as exc:
+            await self._error(None, exc)
+            return
+        await self.receive_json(content)
+
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not isinstance(content.get("id"), str) or not content["id"]:
             await self.send_json({"type": "error", "id": None, "error": OpenAIError(
@@ -71,7 +81,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
             return
         self.tasks[rid] = asyncio.get_running_loop().create_task(self._run(rid, content))
 
-    async def _error(self, rid: str, exc: OpenAIError) -> None:
+    async def _error(self, rid: str | None, exc: OpenAIError) -> None:
         await self.send_json({"type": "error", "id": rid, "error": exc.body()["error"]})
 
     async def _run(self, rid: str, content: dict) -> None:
@@ -79,7 +89,10 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
         try:
             body = {k: v for k, v in content.items() if k not in ("id", "type", "stream", "session")}
             req = parse_chat(body)
-            gen = await generation.start(req, self.caller, content.get("session"))
+            session = content.get("session")
+            if session is not None and not isinstance(session, str):
+                raise OpenAIError(400, "'session' must be a string.", "session", "invalid_type")
+            gen = await generation.start(req, self.caller, session)
             await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,
                                   "replica": gen.route.replica_id, "route_reason": gen.route.reason})  # fmt: skip
             shaper = ChatShaper(req)

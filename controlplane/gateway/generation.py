@@ -158,8 +158,19 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
         if status in (502, 503):  # draining or died before accepting: try another replica
             tried.add(route.replica_id)
             continue
-        param = "messages" if req.kind == "chat" else "prompt"
-        raise OpenAIError(status if 400 <= status < 500 else 502, first.get("message", "replica error"), param,
-                          first.get("code"))  # fmt: skip
+        raise _refusal(req, first, status)
     raise OpenAIError(503, f"No replica of '{req.model}' could take the request.", code="no_ready_replica",
                       headers={"Retry-After": "2"})  # fmt: skip
+
+
+def _refusal(req: GenerationRequest, event: dict, status: int) -> OpenAIError:
+    """A replica's refusal at admission. A 4xx names the parameter the replica found at fault
+    (its messages are written for clients); anything else is the replica failing, reported
+    without its internals."""
+    if 400 <= status < 500:
+        code = event.get("code") or "invalid_value"
+        # A replica from before `param` was sent: only a context error is surely the prompt's.
+        prompt = "messages" if req.kind == "chat" else "prompt"
+        param = event.get("param", prompt if code == "context_length_exceeded" else None)
+        return OpenAIError(status, event.get("message") or "The replica refused the request.", param, code)
+    return OpenAIError(502, "The replica failed to admit the request; retry it.", code="replica_error")

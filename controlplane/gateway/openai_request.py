@@ -2,13 +2,21 @@
 
 Every problem becomes an `OpenAIError` naming the parameter, so a client gets a 400 in
 OpenAI's error shape rather than a traceback. Fields the engine cannot honour (n > 1, echo,
-best_of...) are refused explicitly instead of silently ignored.
+best_of...) are refused explicitly instead of silently ignored. Every value is range-checked
+here (the replica checks again): one that got through and failed inside an engine step would
+fail every request sharing the batch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+
+from controlplane.common import json_body
+
+SEED_MAX = 2**64 - 1  # what torch.Generator takes
+INT32_MAX = 2**31 - 1  # max_tokens, top_k, token ids: far past any model, still a plain integer
 
 
 class OpenAIError(Exception):
@@ -67,14 +75,32 @@ class GenerationRequest:
         return message
 
 
-def parse_json(raw: bytes) -> dict:
+def parse_json(raw: bytes | str) -> dict:
+    """A request body as a dict, within the request limits (size 413; depth, NaN/Infinity 400)."""
     try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        body = json_body.load(raw or b"")
+    except json_body.BodyError as exc:
+        raise OpenAIError(exc.status, exc.message, exc.param, exc.code) from None
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", code="invalid_json")
     return body
+
+
+def too_large() -> OpenAIError:
+    return OpenAIError(413, json_body.too_large().message, code="request_too_large")
+
+
+def _show(value) -> str:
+    """A value for an error message, short (an int past 4300 digits cannot even be str'd)."""
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "an array"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"a {value.bit_length()}-bit integer"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _typed(body: dict, name: str, kinds, default=None, *, what: str):
@@ -83,21 +109,24 @@ def _typed(body: dict, name: str, kinds, default=None, *, what: str):
         return default
     # bool is an int in Python; a JSON true is not a number.
     if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise bad(f"'{name}' must be {what}, got {json.dumps(value)}.", name, "invalid_type")
+        raise bad(f"'{name}' must be {what}, got {_show(value)}.", name, "invalid_type")
     if not isinstance(value, kinds):
-        raise bad(f"'{name}' must be {what}, got {json.dumps(value)[:80]}.", name, "invalid_type")
+        raise bad(f"'{name}' must be {what}, got {_show(value)}.", name, "invalid_type")
     return value
 
 
 def _in_range(name: str, value, lo, hi):
     if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad(f"'{name}' must be {bounds}, got {value}.", name)
+        raise bad(f"'{name}' must be {bounds}, got {_show(value)}.", name)
     return value
 
 
 def _number(body, name, default=None, lo=None, hi=None):
-    return _in_range(name, _typed(body, name, (int, float), default, what="a number"), lo, hi)
+    value = _typed(body, name, (int, float), default, what="a number")
+    if isinstance(value, float) and not math.isfinite(value):  # parse_json refuses these; a dict may not
+        raise bad(f"'{name}' must be a finite number, got {value}.", name)
+    return _in_range(name, value, lo, hi)
 
 
 def _integer(body, name, default=None, lo=None, hi=None):
@@ -160,23 +189,26 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     _refuse_unsupported(body, kind)
     stream = _typed(body, "stream", bool, False, what="a boolean")
     options = _typed(body, "stream_options", dict, {}, what="an object")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad("'stream_options.include_usage' must be a boolean.", "stream_options.include_usage", "invalid_type")
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4):
         raise bad("'stop' must be a string or a list of at most 4 strings.", "stop", "invalid_type")
-    max_tokens = _integer(body, "max_completion_tokens", None, lo=1)
+    max_tokens = _integer(body, "max_completion_tokens", None, lo=1, hi=INT32_MAX)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", None, lo=1)
+        max_tokens = _integer(body, "max_tokens", None, lo=1, hi=INT32_MAX)
     params = {
         "temperature": _number(body, "temperature", 1.0, 0, 2),
         "top_p": _number(body, "top_p", 1.0, 0, 1),
-        "top_k": _integer(body, "top_k", -1, lo=-1),
+        "top_k": _integer(body, "top_k", -1, lo=-1, hi=INT32_MAX),
         "min_p": _number(body, "min_p", 0.0, 0, 1),
         "presence_penalty": _number(body, "presence_penalty", 0.0, -2, 2),
         "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2, 2),
         "repetition_penalty": _number(body, "repetition_penalty", 1.0, 0.01, 10),
-        "seed": _integer(body, "seed", None),
+        "seed": _integer(body, "seed", None, lo=0, hi=SEED_MAX),
         "max_tokens": max_tokens if max_tokens is not None else (16 if kind == "completion" else None),
         "stop": stop or [],
         "ignore_eos": _typed(body, "ignore_eos", bool, False, what="a boolean"),
@@ -188,7 +220,7 @@ def _common(body: dict, kind: str) -> GenerationRequest:
         kind=kind,
         model=model,
         stream=stream,
-        include_usage=bool(stream and options.get("include_usage")),
+        include_usage=bool(stream and include_usage),
         params=params,
     )
 
@@ -203,6 +235,8 @@ def parse_completion(body: dict) -> GenerationRequest:
             raise bad("'prompt' must not be empty.", "prompt")
         req.prompt = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t <= INT32_MAX for t in prompt):
+            raise bad(f"Token ids in 'prompt' must be between 0 and {INT32_MAX}.", "prompt")
         req.prompt_token_ids = prompt
     else:
         raise bad("'prompt' must be a non-empty string or a list of token ids (one prompt per request).", "prompt")
@@ -244,10 +278,13 @@ def parse_chat(body: dict) -> GenerationRequest:
         out = {"role": "system" if role == "developer" else role, "content": _message_text(m.get("content"), i)}
         if role == "assistant" and m.get("tool_calls"):
             calls = m["tool_calls"]
-            if not isinstance(calls, list) or not all(isinstance(c, dict) and "function" in c for c in calls):
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      for c in calls):  # fmt: skip
                 raise bad("'tool_calls' must be a list of function calls.", f"messages[{i}].tool_calls")
             out["tool_calls"] = calls
         if role == "tool" and m.get("tool_call_id"):
+            if not isinstance(m["tool_call_id"], str):
+                raise bad("'tool_call_id' must be a string.", f"messages[{i}].tool_call_id", "invalid_type")
             out["tool_call_id"] = m["tool_call_id"]
         clean.append(out)
     req.messages = clean

@@ -12,11 +12,19 @@ import json
 import logging
 
 import redis
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation
-from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, parse_chat, parse_completion, parse_json
+from controlplane.gateway.openai_request import (
+    GenerationRequest,
+    OpenAIError,
+    parse_chat,
+    parse_completion,
+    parse_json,
+    too_large,
+)
 from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
 
 log = logging.getLogger(__name__)
@@ -164,7 +172,11 @@ async def retrieve_model(request, model_id: str):
 
 async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generation]:
     caller = await _caller(request)  # 401 before looking at the body
-    req = parse(parse_json(request.body))
+    try:
+        raw = request.body
+    except RequestDataTooBig:  # over MAX_REQUEST_BYTES (the ASGI handler refuses most before)
+        raise too_large() from None
+    req = parse(parse_json(raw))
     req.timing = request.headers.get("x-switchyard-timing") == "1"
     session = request.headers.get("x-session-affinity") or None
     return req, await generation.start(req, caller, session)

@@ -374,11 +374,20 @@ def test_bad_input_gets_openai_errors_never_500(stack):
     for stream in (False, True):
         r = _post(stack, "/v1/chat/completions", {**long_prompt, "stream": stream})
         assert r.status_code == 400 and _error(r)["code"] == "context_length_exceeded"
-        assert "context" in _error(r)["message"]
+        assert "context" in _error(r)["message"] and _error(r)["param"] == "messages"
     r = httpx.get(stack["base"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {stack['key']}"})
     assert r.status_code == 405
     r = _post(stack, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 3})
     assert r.status_code == 400 and _error(r)["param"] == "n"
+    # Through uvicorn too: deep nesting, NaN and a huge seed are 400s, a big body a 413.
+    r = _post(stack, "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and _error(r)["code"] == "invalid_json"
+    r = _post(stack, "/v1/chat/completions", json.dumps({**ok, "temperature": float("nan")}).encode())
+    assert r.status_code == 400 and _error(r)["param"] == "temperature"
+    r = _post(stack, "/v1/chat/completions", {**ok, "seed": 2**64})
+    assert r.status_code == 400 and _error(r)["param"] == "seed"
+    r = _post(stack, "/v1/chat/completions", b" " * (settings.MAX_REQUEST_BYTES + 1))
+    assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
 
 
 def test_rate_limit_answers_429_with_retry_after(stack):
