@@ -99,6 +99,9 @@ class Generation:
     stream: RequestStream
     caller: Caller
     prompt_tokens: int
+    # Disaggregated: the prefill replica computing the prompt (None: the decode replica does).
+    # From `accepted` (the prompt was handed over), then from the last event (it really was).
+    prefill_replica: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -112,6 +115,9 @@ class Generation:
                     raise OpenAIError(502, event.get("message", "replica error"), code="replica_error")
                 if event.get("type") == "delta" and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
+                if event.get("finish_reason") and self.prefill_replica is not None:
+                    # A handoff that fell back (timeout, refusal) was prefilled by the decode replica.
+                    self.prefill_replica = ((event.get("disaggregation") or {}).get("prefill") or {}).get("replica")
                 if event.get("usage"):
                     usage = event["usage"]
                     await ratelimit.count_tokens(
@@ -140,19 +146,24 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     tried: set[int] = set()
     for _ in range(ATTEMPTS):
-        route = await router.choose(hub, deployment, candidates, session, frozenset(tried))
         request_id = f"{prefix}-{uuid.uuid4().hex}"
+        route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
         message = req.replica_message()
         if route.prefill_replica_id is not None:
             message["prefill"] = {"replica_id": route.prefill_replica_id}
-        stream = await hub.submit(route.replica_id, request_id, message, route.incarnation)
+        try:
+            stream = await hub.submit(route.replica_id, request_id, message, route.incarnation)
+        except BaseException:  # not sent: it must not count against the replica
+            await hub.dispatched.done(request_id)
+            raise
         try:
             first = await stream.next_event()
         except BaseException:  # the client went away (cancelled) before the replica answered
             await stream.close()
             raise
         if first.get("type") == "accepted":
-            return Generation(request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)))
+            return Generation(request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)),
+                              prefill_replica=first.get("prefill_replica"))  # fmt: skip
         await stream.close()
         status = int(first.get("status", 500))
         if status in (502, 503):  # draining or died before accepting: try another replica

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from controlplane.gateway.dispatched import Dispatched
 from workers.replica import protocol
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,15 @@ class RequestStream:
             yield await self.next_event()
 
     async def close(self) -> None:
-        """Stop listening; if the request is still running, tell the replica to abort it."""
+        """Stop listening; if the request is still running, tell the replica to abort it. Either
+        way it no longer counts against the replica."""
         self.hub.queues.pop(self.request_id, None)
-        if not self.finished:
-            self.finished = True
-            await self.hub.abort(self.replica_id, self.request_id)
+        try:
+            if not self.finished:
+                self.finished = True
+                await self.hub.abort(self.replica_id, self.request_id)
+        finally:
+            await self.hub.dispatched.done(self.request_id)
 
 
 class ReplicaHub:
@@ -76,7 +81,9 @@ class ReplicaHub:
         self.redis = aioredis.Redis(connection_pool=pool)
         self.channel = f"switchyard:gateway:{uuid.uuid4().hex}"
         self.queues: dict[str, asyncio.Queue] = {}
+        self.dispatched = Dispatched(self.redis)  # requests sent and not yet ended, per replica
         self._listener: asyncio.Task | None = None
+        self._refresher: asyncio.Task | None = None
         self._subscribed = asyncio.Event()
         # replica id -> (read at, status hash): one status read per replica per interval, however
         # many of its streams are waiting.
@@ -84,7 +91,9 @@ class ReplicaHub:
 
     async def start(self) -> None:
         if self._listener is None:
-            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="replica-hub")
+            loop = asyncio.get_running_loop()
+            self._listener = loop.create_task(self._listen(), name="replica-hub")
+            self._refresher = loop.create_task(self.dispatched.keep_fresh(), name="dispatched-refresh")
         await self._subscribed.wait()
 
     async def _listen(self) -> None:

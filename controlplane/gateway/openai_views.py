@@ -71,10 +71,18 @@ def _headers(gen: generation.Generation) -> dict:
         "x-switchyard-replica": str(gen.route.replica_id),
         "x-switchyard-route-reason": gen.route.reason,
     }
-    if gen.deployment.mode == "disaggregated":
-        pid = gen.route.prefill_replica_id
-        headers["x-switchyard-prefill-replica"] = str(pid) if pid is not None else "none"
+    if gen.prefill_replica is not None:  # only when a prefill replica computes the prompt
+        headers["x-switchyard-prefill-replica"] = str(gen.prefill_replica)
     return headers
+
+
+def _prefill_note(gen: generation.Generation, body: dict) -> dict:
+    """The last chunk of a stream on a disaggregated deployment says which prefill replica
+    computed the prompt (None: the decode replica did). The header went out before the prompt
+    was computed: it names the replica the prompt was handed to, which a fallback can undo."""
+    if gen.deployment.mode == "disaggregated":
+        body.setdefault("x_switchyard", {})["prefill_replica"] = gen.prefill_replica
+    return body
 
 
 def _usage(event: dict) -> dict:
@@ -105,7 +113,7 @@ def _timing(req: GenerationRequest, body: dict, event: dict) -> dict:
     """Opt-in (`x-switchyard-timing: 1`): when the replica produced this chunk's token(s), so a
     client can measure the delivery latency of the path (the gateway benchmark does)."""
     if req.timing and "t" in event:
-        body["x_switchyard"] = {"replica_time": event["t"]}
+        body.setdefault("x_switchyard", {})["replica_time"] = event["t"]
     return body
 
 
@@ -235,6 +243,8 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
         body = _envelope(req, gen, "chat.completion.chunk", choices)
         if req.include_usage:
             body["usage"] = None
+        if finish:
+            _prefill_note(gen, body)
         return sse(_timing(req, body, event or {}))
 
     yield chunk({"role": "assistant", "content": ""})
@@ -296,6 +306,8 @@ async def _completion_stream(req, gen):
         body = _envelope(req, gen, "text_completion", [choice])
         if req.include_usage:
             body["usage"] = None
+        if event.get("finish_reason"):
+            _prefill_note(gen, body)
         yield sse(_timing(req, body, event))
         if event.get("finish_reason") and req.include_usage:
             yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})

@@ -1,7 +1,10 @@
 """Which replica serves a request, and why.
 
-For now: the least-loaded ready replica of the deployment (fewest running + waiting requests,
-then most free KV blocks). The `x-session-affinity` key is recorded in the session-affinity
+For now: the least-loaded ready replica of the deployment. Its load is the larger of what its
+heartbeat reports (running + waiting requests and handoffs) and the requests the gateway has
+sent it and not yet seen end (`dispatched.py`: counted in Redis across web processes, and
+counted in the same step as the choice, so a burst spreads); ties go to the most free KV
+blocks, then the lowest id. The `x-session-affinity` key is recorded in the session-affinity
 table (Redis) with the replica chosen, so that the caching work can route by it. The reason is
 returned to the client in `x-switchyard-route-reason`.
 """
@@ -51,11 +54,12 @@ def _load(status: dict) -> dict:
         return {}
 
 
-def _load_score(status: dict) -> tuple:
-    """Decode side: requests in flight (handoffs included), then most free KV blocks."""
+def _decode_load(status: dict) -> tuple[int, int]:
+    """Decode side, as the heartbeat reports it: requests in flight (handoffs included), free KV
+    blocks."""
     load = _load(status)
     queued = int(load.get("running", 0)) + int(load.get("waiting", 0)) + int(load.get("handoffs_waiting", 0))
-    return (queued, -int(load.get("kv_blocks_free", 0)))
+    return queued, int(load.get("kv_blocks_free", 0))
 
 
 def _prefill_score(status: dict) -> tuple:
@@ -75,9 +79,12 @@ async def choose(
     hub: ReplicaHub,
     deployment: Deployment,
     candidates: dict[str, list[int]],
+    request_id: str,
     session: str | None = None,
     exclude: frozenset[int] = frozenset(),
 ) -> Route:
+    """The replica for `request_id`, which counts against it from now until the request's
+    stream is closed."""
     ids = [i for i in candidates["decode"] if i not in exclude]
     live = await _live(hub, ids)
     for _ in range(STALE_RETRIES):
@@ -94,7 +101,8 @@ async def choose(
             code="no_ready_replica",
             headers={"Retry-After": "2"},
         )
-    rid, status = min(live, key=lambda pair: (_load_score(pair[1]), pair[0]))
+    rid, _ = await hub.dispatched.pick(request_id, [(i, *_decode_load(st)) for i, st in live])
+    status = dict(live)[rid]
     reason = "least_loaded" if len(live) > 1 else "only_ready_replica"
     try:
         endpoint = json.loads(status.get("endpoint") or "{}")

@@ -5,7 +5,8 @@ process imports it.
   gateway): `generate` messages (a prompt, token ids or chat messages, sampling params and the
   pub/sub channel to answer on) and `abort` messages (the client went away).
 - It answers each request on the request's **reply channel** (pub/sub), one JSON event per
-  message: `accepted` (prompt tokenised, `prompt_tokens`), `delta` (new text, token ids,
+  message: `accepted` (prompt tokenised, `prompt_tokens`; `prefill_replica` when the prompt was
+  handed to a prefill replica), `delta` (new text, token ids,
   logprobs; the last one carries `finish_reason`, `usage` and `timings`) or `error` (`status`
   and `message`, e.g. 400 for a prompt over the context).
 - It reports itself in the **status hash** `switchyard:replica:<id>:status`: `state`

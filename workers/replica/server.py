@@ -199,7 +199,11 @@ class ReplicaServer:
                                   "message": "the replica could not admit the request"})  # fmt: skip
             return
         self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs)
-        self._send(reply_to, {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)})
+        accepted = {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)}
+        handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
+        if handoff is not None:  # a prefill replica computes the prompt (unless it falls back later)
+            accepted["prefill_replica"] = handoff.prefill_replica
+        self._send(reply_to, accepted)
 
     def _prompt_ids(self, message: dict) -> list[int]:
         if message.get("prompt_token_ids") is not None:
