@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Replica
-from controlplane.deployments.services import _send_after_commit, send_start, transition_replica
+from controlplane.deployments.services import _send_after_commit, schedule_reconcile, send_start, transition_replica
 from controlplane.inventory import services as inventory
 from workers.protocol.control import STOP_REPLICA, NodeReport, ReplicaEvent, node_queue
 
@@ -113,6 +113,8 @@ def apply_node_report(report: NodeReport) -> dict:
                 rid, State.STOPPED, actor_label=f"agent:{node.name}", reason=reason, last_error=reason
             ):
                 done["lost"].append(rid)
+    if done["lost"]:
+        schedule_reconcile()  # replace them now, not at the next periodic pass
     ended = set(running) - set(live)
     if ended:
         still_there = set(

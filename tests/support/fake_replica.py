@@ -42,6 +42,7 @@ def main() -> int:
                 "state": "ready",
                 "load": json.dumps({"running": 0, "waiting": 0}),
                 "endpoint": json.dumps({"pid": os.getpid()}),
+                "heartbeat": f"{time.time():.3f}",
             },
         )
         if args.crash_after is not None and time.monotonic() - started > args.crash_after:

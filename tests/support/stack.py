@@ -61,6 +61,21 @@ def stack_env(state_dir: Path, **overrides) -> dict:
     }
 
 
+AGENT_COMMAND = [sys.executable, "-m", "workers.agent", "--node"]
+
+
+def agent_env(env: dict) -> dict:
+    """A node agent needs Redis, not the database: give it a database URL that leads nowhere."""
+    return {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:9/no-database-for-agents"}
+
+
+def start_agent(state_dir: Path, node: str, env: dict, log_name: str = "agent") -> tuple[subprocess.Popen, object]:
+    logf = open(state_dir / f"{log_name}.log", "ab")  # noqa: SIM115 - closed by the caller's stop()
+    proc = subprocess.Popen([*AGENT_COMMAND, node], cwd=ROOT, env=agent_env({**env, "SWITCHYARD_NODE": node}),
+                            stdout=logf, stderr=subprocess.STDOUT)  # fmt: skip
+    return proc, logf
+
+
 @contextmanager
 def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None, beat: bool = False):
     """Start the control worker, the node agent, (with `web_port`) uvicorn and (with `beat`)
@@ -69,8 +84,10 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
         "control": [sys.executable, "-m", "celery", "-A", "controlplane.config", "worker", "-Q", "control",
                     "-P", "threads", "-c", "2", "-n", f"control-{node}@localhost", "--without-gossip",
                     "--without-mingle", "--loglevel", "INFO"],
-        "agent": [sys.executable, "-m", "workers.agent", "--node", node],
+        "agent": [*AGENT_COMMAND, node],
     }  # fmt: skip
+    # SWITCHYARD_NODE set everywhere, as an operator may: only the agent becomes an agent.
+    env = {**env, "SWITCHYARD_NODE": node}
     if web_port is not None:
         commands["web"] = [sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
                            "--host", "127.0.0.1", "--port", str(web_port), "--no-access-log"]  # fmt: skip
@@ -79,7 +96,9 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
                             "--schedule", str(state_dir / "celerybeat-schedule"), "--loglevel", "WARNING"]  # fmt: skip
     logs = {name: open(state_dir / f"{name}.log", "wb") for name in commands}  # noqa: SIM115
     procs = [
-        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            cmd, cwd=ROOT, env=agent_env(env) if name == "agent" else env, stdout=logs[name], stderr=subprocess.STDOUT
+        )
         for name, cmd in commands.items()
     ]
     try:

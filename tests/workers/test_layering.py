@@ -54,3 +54,20 @@ def test_agent_and_protocol_load_without_django_or_the_database():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_agent_worker_does_not_load_django_settings_even_when_told_where_they_are():
+    """make run sets DJANGO_SETTINGS_MODULE for every process; Celery's Django fixup would then
+    load the control plane's settings into the agent when its worker starts."""
+    code = (
+        "import sys; from unittest import mock; import workers.agent.__main__ as m;"
+        "from celery import Celery;"
+        "mock.patch.object(Celery, 'worker_main', lambda self, argv: self.loader.init_worker()).start();"
+        "mock.patch('workers.agent.node.NodeAgent.start', lambda self: None).start();"
+        "m.main(['--node', 'n1']);"
+        "print(sorted(m for m in sys.modules if m.startswith(('controlplane', 'django.conf', 'django.db'))))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.config.settings", "REDIS_URL": "redis://127.0.0.1:9/0"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -29,7 +30,10 @@ def main(argv=None) -> int:
     from workers.agent.node import NodeAgent, set_agent
     from workers.protocol.control import node_queue
 
-    app = Celery("switchyard-agent", broker=config.broker_url)
+    # No Django fixup: with DJANGO_SETTINGS_MODULE in the environment (make run sets it for
+    # every process), Celery would load the control plane's settings into the agent.
+    os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+    app = Celery("switchyard-agent", broker=config.broker_url, fixups=[])
     app.conf.update(
         task_acks_late=True,
         worker_prefetch_multiplier=1,
