@@ -9,7 +9,8 @@ touch it; see workers.protocol.control).
   (the agent restarted and its process was gone): it is marked stopped so the reconciler
   replaces it, without counting against the deployment's failure budget. A replica the agent
   runs that the database has ended is told to stop. A pending replica the agent has not heard
-  of is sent again after a while (its start message was lost).
+  of is sent again after a while (its start message was lost). A report that says the agent
+  is leaving takes the node offline at once, so nothing more is placed there.
 """
 
 from __future__ import annotations
@@ -84,14 +85,22 @@ def apply_replica_event(event: ReplicaEvent) -> Replica | None:
             )
         if event.kind == "failed":
             return transition_replica(r.pk, State.FAILED, actor_label=label, **tail, **error, **common)
-        return transition_replica(r.pk, State.STOPPED, actor_label=label, reason=event.error, **tail, **error)
+        stopped = transition_replica(r.pk, State.STOPPED, actor_label=label, reason=event.error, **tail, **error)
+    if stopped is not None:
+        schedule_reconcile()  # a replacement, if one is wanted, starts now rather than at the next pass
+    return stopped
 
 
 def apply_node_report(report: NodeReport) -> dict:
     """Refresh the node and reconcile its replicas with what the agent runs; returns what
     changed (for logs and tests)."""
-    node = inventory.node_reported(report.node, report.hostname, report.devices)
     done = {"lost": [], "stopped": [], "resent": []}
+    if report.leaving:  # a clean agent shutdown: its replicas' stopped events follow
+        inventory.node_left(report.node, "its node agent shut down", report.at_ns)
+        return done
+    node = inventory.node_reported(report.node, report.hostname, report.devices, report.at_ns)
+    if node is None:
+        return done  # older than a report already applied
     running = {r.replica_id: r for r in report.replicas}
     now = timezone.now()
     live = {r.pk: r for r in Replica.objects.filter(node=node, state__in=Replica.LIVE_STATES)}

@@ -15,6 +15,9 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ONLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    last_report_ns = models.BigIntegerField(
+        default=0, help_text="when its agent made the last report applied (a late, older one is ignored)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -10,12 +10,17 @@ from controlplane.inventory.models import Device, Node
 from workers.protocol.control import node_queue
 
 
-def node_reported(name: str, hostname: str, devices: list[dict]) -> Node:
-    """An agent's report arrived: a node that is new, or was offline, (re-)registers with its
-    devices; an online one has its heartbeat and device figures refreshed."""
-    node = Node.objects.filter(name=name).first()
-    if node is None or node.status != Node.Status.ONLINE or not heartbeat(name, devices):
-        return register_node(name=name, hostname=hostname, devices=devices)
+def node_reported(name: str, hostname: str, devices: list[dict], at_ns: int) -> Node | None:
+    """An agent's report (made at `at_ns` by the agent's clock) arrived: a node that is new, or
+    was offline, (re-)registers with its devices; an online one has its heartbeat and device
+    figures refreshed. A report older than one already applied changes nothing (None)."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=name).first()
+        if node is not None and at_ns <= node.last_report_ns:
+            return None
+        if node is None or node.status != Node.Status.ONLINE or not heartbeat(name, devices):
+            node = register_node(name=name, hostname=hostname, devices=devices)
+        Node.objects.filter(pk=node.pk).update(last_report_ns=at_ns)
     return node
 
 
@@ -72,6 +77,23 @@ def heartbeat(name: str, devices: list[dict] | None = None) -> bool:
             last_seen=now,
         )
     return True
+
+
+def node_left(name: str, reason: str, at_ns: int) -> Node | None:
+    """The node's agent stopped cleanly: offline now, not after NODE_STALE_SECONDS."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=name).first()
+        if node is None or at_ns <= node.last_report_ns:
+            return node
+        node.last_report_ns = at_ns
+        if node.status == Node.Status.OFFLINE:
+            node.save(update_fields=["last_report_ns"])
+            return node
+        node.status = Node.Status.OFFLINE
+        node.save(update_fields=["status", "last_report_ns"])
+        record_event("node.offline", node, actor_label=f"agent:{name}", data={"reason": reason})
+        publish("node", {"name": node.name, "status": node.status})
+    return node
 
 
 def mark_stale_nodes_offline() -> list[Node]:

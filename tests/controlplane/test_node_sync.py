@@ -195,3 +195,24 @@ def test_unreadable_messages_are_refused_clearly():
         NodeReport.from_wire({"hostname": "no node name"})
     wire = NodeReport(node="a", replicas=[ReplicaReport(1, "ready")]).to_wire()
     assert NodeReport.from_wire(json.loads(json.dumps(wire))).replicas[0] == ReplicaReport(1, "ready")
+
+
+def test_a_leaving_agent_takes_its_node_offline_and_a_late_report_does_not_bring_it_back(node):
+    earlier = NodeReport(node="node-a")  # made before the agent left, delivered after
+    apply_node_report(NodeReport(node="node-a", leaving=True))
+    assert Node.objects.get(name="node-a").status == "offline"
+    assert Event.objects.filter(verb="node.offline").count() == 1
+    apply_node_report(earlier)
+    assert Node.objects.get(name="node-a").status == "offline"
+    apply_node_report(NodeReport(node="node-a"))  # the agent is back
+    assert Node.objects.get(name="node-a").status == "online"
+
+
+def test_a_new_agent_is_placed_on_only_after_its_report(node, model_dir):
+    """A node whose agent left gets no replica until it reports again."""
+    apply_node_report(NodeReport(node="node-a", leaving=True))
+    model = register_model(name="tiny", source=str(model_dir))
+    Deployment.objects.create(slug="demo", model=model)
+    assert reconcile_all()["demo"]["unplaced"] == 1
+    apply_node_report(NodeReport(node="node-a", devices=[{"index": 0, "kind": "cpu", "name": "cpu"}]))
+    assert reconcile_all()["demo"]["started"]

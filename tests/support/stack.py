@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 from workers.bench.processes import ROOT, stop
@@ -94,6 +95,10 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
     if beat:
         commands["beat"] = [sys.executable, "-m", "celery", "-A", "controlplane.config", "beat",
                             "--schedule", str(state_dir / "celerybeat-schedule"), "--loglevel", "WARNING"]  # fmt: skip
+    # A fresh broker: what an earlier stack's agent sent while it stopped (a last node report,
+    # replica events) would otherwise be applied by this stack's control worker, bringing that
+    # node back as a ghost the reconciler could place replicas on.
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     logs = {name: open(state_dir / f"{name}.log", "wb") for name in commands}  # noqa: SIM115
     procs = [
         subprocess.Popen(

@@ -37,13 +37,14 @@ class NodeAgent:
         self._stop = threading.Event()
         self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="node-heartbeat", daemon=True)
 
-    def report(self) -> NodeReport:
+    def report(self, leaving: bool = False) -> NodeReport:
         return NodeReport(
             node=self.name,
             hostname=self.config.hostname,
             agent_id=self.agent_id,
             devices=device_discovery.stats(self.devices),
             replicas=self.supervisor.snapshot(),
+            leaving=leaving,
         )
 
     def start(self) -> None:
@@ -67,7 +68,11 @@ class NodeAgent:
                 log.exception("heartbeat failed")
 
     def shutdown(self) -> None:
+        """Stopping cleanly: first say so (the control worker places nothing more here), then
+        drain and stop the replicas (their replacements go to other nodes)."""
         self._stop.set()
+        self.outbox.node_report(self.report(leaving=True))
+        self.outbox.flush(timeout=5)
         self.supervisor.shutdown()
         self.outbox.close(timeout=5)
 

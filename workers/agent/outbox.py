@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 from workers.protocol.control import CONTROL_QUEUE, NODE_REPORT, REPLICA_EVENT, NodeReport, ReplicaEvent
@@ -27,22 +28,33 @@ class Outbox:
     def replica_event(self, event: ReplicaEvent) -> None:
         with self._cond:
             self._events.append(event)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def node_report(self, report: NodeReport) -> None:
         with self._cond:
             self._report = report
-            self._cond.notify()
+            self._cond.notify_all()
 
     def pending(self) -> int:
         with self._cond:
             return len(self._events) + (self._report is not None)
 
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until everything queued has been sent."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._events or self._report is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def close(self, timeout: float) -> None:
         """Stop after sending what is queued (at most `timeout` seconds)."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self.thread.join(timeout)
 
     def _next(self):
@@ -59,6 +71,7 @@ class Outbox:
                 self._events.popleft()
             elif self._report is item:
                 self._report = None
+            self._cond.notify_all()  # a flush may be waiting
 
     def _run(self) -> None:
         backoff = 0.2

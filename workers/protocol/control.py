@@ -115,6 +115,7 @@ class NodeReport(Wire):
     at_ns: int = field(default_factory=time.time_ns)
     devices: list[dict] = field(default_factory=list)
     replicas: list[ReplicaReport] = field(default_factory=list)
+    leaving: bool = False  # the agent is shutting down: place nothing more on this node
     version: int = VERSION
 
     @classmethod
