@@ -85,11 +85,21 @@ class LLMEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         hold_blocks: bool = False,
+        output_token_ids: list[int] = (),
+        emitted_text_len: int = 0,
     ) -> Sequence:
         """Queue a request. `hold_blocks`: when it finishes, keep its KV blocks until
-        `release_held(request_id)` (a prefill replica sends them to a decode replica first)."""
-        seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
+        `release_held(request_id)` (a prefill replica sends them to a decode replica first).
+
+        Resuming a request another engine started: `output_token_ids` are the tokens it already
+        generated and `emitted_text_len` how many characters of their text were already
+        reported. They count as output (max_tokens, penalties, the seed's positions, usage), and
+        their text is rebuilt exactly as that engine had it, so the text it held back (a possible
+        start of a stop string) comes next and a stop string spanning the seam is still found."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
+        if output_token_ids:
+            self._replay_text(seq, emitted_text_len)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -110,16 +120,25 @@ class LLMEngine:
                 "prompt",
             )
 
-    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams) -> Sequence:
+    def _new_sequence(
+        self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, output_token_ids=()
+    ) -> Sequence:
         if request_id in self.requests or request_id in self.held:
             raise RequestError(f"request id {request_id!r} is already in use")
-        self.check_prompt(prompt_token_ids)
-        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids)
+        self.check_prompt([*prompt_token_ids, *output_token_ids])
+        seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, sampling_params.skip_special_tokens
             )
         return seq
+
+    def _replay_text(self, seq: Sequence, emitted_text_len: int) -> None:
+        """A resumed sequence's text so far, token by token as `_append_token` built it."""
+        stops = set(seq.params.stop_token_ids) | set(seq.eos_token_ids)
+        if seq.detokenizer is not None:
+            seq.text = "".join(seq.detokenizer.add(t) for t in seq.output_token_ids if t not in stops)
+        seq.emitted_text_len = min(max(emitted_text_len, 0), len(seq.text))
 
     # -- disaggregated prefill/decode -----------------------------------------------------------
     def reserve_blocks(self, num_tokens: int) -> list[int] | None:

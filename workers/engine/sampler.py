@@ -2,7 +2,9 @@
 
 Order (as in transformers / vLLM): penalties → temperature → top-k → top-p → min-p → sample.
 Greedy rows take the argmax of the penalised logits. Seeded rows draw from their own
-`torch.Generator`, so a seed reproduces its output whatever else shares the batch.
+`torch.Generator`, seeded for each token from (seed, output position) alone: a seed reproduces
+its output whatever else shares the batch, and a request resumed on another replica after N
+tokens draws token N+1 exactly as the undisturbed run would have.
 Log-probabilities are those of the model (raw logits), as vLLM reports them.
 """
 
@@ -54,6 +56,18 @@ def top_k_top_p_min_p(logits: torch.Tensor, top_k: int, top_p: float, min_p: flo
     return logits
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed of output token `position` (0-based) of a request seeded `seed`:
+    splitmix64 of the pair, so neighbouring positions and seeds get unrelated streams."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
@@ -76,7 +90,10 @@ class Sampler:
             scaled = top_k_top_p_min_p(logits[row] / p.temperature, p.top_k, p.top_p, p.min_p)
             probs = scaled.softmax(-1).cpu()
             # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
-            noise = torch.empty_like(probs).exponential_(generator=s.generator or self.generator)
+            generator = self.generator
+            if s.generator is not None:
+                generator = s.generator.manual_seed(position_seed(p.seed, s.num_output_tokens))
+            noise = torch.empty_like(probs).exponential_(generator=generator)
             tokens[row] = int((probs / noise).argmax())
         logprobs: list[dict[int, float] | None] = [None] * len(seqs)
         if raw_logprobs is not None:

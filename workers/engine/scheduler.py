@@ -114,8 +114,8 @@ class Scheduler:
             if cached is None:
                 break
             self.waiting.popleft()
-            if seq.num_preemptions == 0 and seq.num_output_tokens == 0:
-                seq.num_cached_tokens = cached
+            if seq.num_preemptions == 0:  # its first admission (a resumed one may have output)
+                seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)

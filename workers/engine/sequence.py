@@ -18,11 +18,18 @@ class SequenceStatus(enum.Enum):
 
 class Sequence:
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, eos_token_ids: tuple[int, ...] = ()
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...] = (),
+        output_token_ids: list[int] = (),
     ):
+        """`output_token_ids`: what this request already generated elsewhere (it is resumed on
+        this engine after its replica failed); they count as output, not prompt."""
         self.request_id = request_id
         self.params = params
-        self.token_ids: list[int] = list(prompt_token_ids)
+        self.token_ids: list[int] = [*prompt_token_ids, *output_token_ids]
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
@@ -36,9 +43,9 @@ class Sequence:
         self.emitted_text_len = 0  # how much of `text` step() has reported
         self.eos_token_ids = () if params.ignore_eos else eos_token_ids
         self.detokenizer = None  # an IncrementalDetokenizer when the model has a tokenizer
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+        # Seeded: reseeded before each draw from (seed, output position) by the sampler, so the
+        # draws do not depend on how many happened before in this process.
+        self.generator = torch.Generator() if params.seed is not None else None
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
