@@ -39,6 +39,10 @@ BAD = [
     ({"prompt_token_ids": [], "params": {}}, "prompt"),
     ({"messages": [{"role": "user", "content": {"nested": True}}], "params": {"temperature": -1}}, "temperature"),
     ({"prompt_token_ids": [5, 6], "prefill": ["not", "a", "dict"], "params": {"min_p": 2}}, "min_p"),
+    ({"prompt_token_ids": [5, 6], "resume": [2], "params": {}}, "resume"),
+    ({"prompt_token_ids": [5, 6], "resume": {"output_tokens": 2}, "params": {}}, "resume"),  # no prompt left
+    ({"prompt_token_ids": [5, 6], "resume": {"output_tokens": 1, "text_sent": -1}, "params": {}}, "resume"),
+    ({"prompt_token_ids": [5, 6], "resume": {"output_tokens": "1"}, "params": {}}, "resume"),
 ]
 
 

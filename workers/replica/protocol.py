@@ -3,10 +3,14 @@ process imports it.
 
 - The replica reads its **request stream** `switchyard:replica:<id>:requests` (XADD by the
   gateway): `generate` messages (a prompt, token ids or chat messages, sampling params and the
-  pub/sub channel to answer on) and `abort` messages (the client went away).
+  pub/sub channel to answer on) and `abort` messages (the client went away). A `generate` may
+  ask `return_prompt_token_ids: true` (the gateway keeps them to resume the request elsewhere),
+  and a resumed one carries `resume: {"output_tokens": N, "text_sent": M}`: the last N of its
+  `prompt_token_ids` are output another replica generated, M characters of whose text the client
+  already has.
 - It answers each request on the request's **reply channel** (pub/sub), one JSON event per
-  message: `accepted` (prompt tokenised, `prompt_tokens`; `prefill_replica` when the prompt was
-  handed to a prefill replica), `delta` (new text, token ids,
+  message: `accepted` (prompt tokenised, `prompt_tokens`; `prompt_token_ids` when asked;
+  `prefill_replica` when the prompt was handed to a prefill replica), `delta` (new text, token ids,
   logprobs; the last one carries `finish_reason`, `usage` and `timings`) or `error` (`status`
   and `message`, e.g. 400 for a prompt over the context).
 - It reports itself in the **status hash** `switchyard:replica:<id>:status`: `state`

@@ -34,6 +34,9 @@ IDLE_WAIT_SECONDS = 0.1
 TRANSFER_POLL_SECONDS = 0.001
 READ_BLOCK_MS = 1000
 READ_BATCH = 256
+# Redis unreachable: the intake retries after this, doubling up to the maximum.
+REDIS_RETRY_SECONDS = 0.2
+REDIS_RETRY_MAX_SECONDS = 2.0
 SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
@@ -63,6 +66,7 @@ class ReplicaServer:
         self._unread_replies = 0
         self._stopping = threading.Event()
         self.intake_error: BaseException | None = None
+        self.redis_lost_at: float | None = None  # monotonic time Redis was found unreachable
         self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
         self.metrics = ReplicaMetrics()
         self.status_key = protocol.status_key(spec.replica_id)
@@ -88,7 +92,7 @@ class ReplicaServer:
         self._heartbeat("ready", force=True)
         log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model)
         while not (self.draining and not self.inflight and not self._writing()):
-            if self.intake_error is not None:  # Redis is gone: exit, the supervisor restarts us
+            if self.intake_error is not None:  # a bug, not Redis: exit, the supervisor restarts us
                 raise RuntimeError("the intake thread failed") from self.intake_error
             if self.engine.has_unfinished_requests():
                 self._take_incoming(wait=0)
@@ -111,16 +115,30 @@ class ReplicaServer:
 
     # -- intake -------------------------------------------------------------------------------
     def _intake_loop(self) -> None:
-        try:
-            self._read_stream()
-        except Exception as exc:  # surfaced to the main loop, which exits
-            log.exception("intake thread failed")
-            self.intake_error = exc
+        """Read the request stream for as long as the replica runs. Redis going away is waited
+        out (with backoff): the replica keeps its loaded model and reads on where it stopped
+        when Redis returns. Any other failure is a bug: surfaced to the main loop, which exits."""
+        backoff = REDIS_RETRY_SECONDS
+        while not self._stopping.is_set():
+            try:
+                self._read_stream()
+                return
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("request stream unreachable (%s); retrying in %.1fs", exc, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, REDIS_RETRY_MAX_SECONDS)
+            except Exception as exc:
+                log.exception("intake thread failed")
+                self.intake_error = exc
+                return
 
     def _read_stream(self) -> None:
         """Block on the stream; queue each decoded message for the main loop."""
         while not self._stopping.is_set():
             got = self._intake_redis.xread({self.stream: self.last_id}, count=READ_BATCH, block=READ_BLOCK_MS)
+            if self.redis_lost_at is not None:
+                log.info("Redis is back after %.1fs", time.monotonic() - self.redis_lost_at)
+                self.redis_lost_at = None
             for _stream, entries in got or []:
                 for entry_id, fields in entries:
                     self.last_id = entry_id
@@ -172,12 +190,15 @@ class ReplicaServer:
                 raise RequestError(f"unknown sampling parameter {unknown[0]!r}", unknown[0])
             params = SamplingParams(**raw)
             prompt_ids = self._prompt_ids(message)
+            output_ids, text_sent = _resumed(message.get("resume"), prompt_ids)
+            prompt_ids = prompt_ids[: len(prompt_ids) - len(output_ids)]
             prefill = message.get("prefill")
             prefill = prefill.get("replica_id") if isinstance(prefill, dict) else None
-            if len(prompt_ids) < self.spec.local_prefill_tokens:
-                prefill = None
+            if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
+                prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
             if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, raw, int(prefill))):
-                self.engine.add_request(rid, prompt_ids, params)
+                self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
+                                        emitted_text_len=text_sent)  # fmt: skip
         except RequestError as exc:
             # The engine names prompt problems `prompt`; a chat request sent `messages`.
             param = "messages" if exc.param == "prompt" and chat else exc.param
@@ -200,6 +221,8 @@ class ReplicaServer:
             return
         self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs)
         accepted = {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)}
+        if message.get("return_prompt_token_ids") is True:  # the gateway keeps them to resume the request elsewhere
+            accepted["prompt_token_ids"] = prompt_ids
         handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
         if handoff is not None:  # a prefill replica computes the prompt (unless it falls back later)
             accepted["prefill_replica"] = handoff.prefill_replica
@@ -271,15 +294,33 @@ class ReplicaServer:
         read at the next flush, by when they have long arrived, so no round trip sits between
         two engine steps."""
         conn = self._publish_conn
-        for _ in range(self._unread_replies):
-            conn.read_response()
+        try:
+            for _ in range(self._unread_replies):
+                conn.read_response()
+            self._unread_replies = 0
+            if self._pending:
+                conn.send_packed_command(
+                    conn.pack_commands(
+                        [("PUBLISH", channel, protocol.encode(event)) for channel, event in self._pending]
+                    )
+                )
+                self._unread_replies = len(self._pending)
+                self._pending = []
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._on_redis_lost(exc)
+
+    def _on_redis_lost(self, exc: Exception) -> None:
+        """Redis went away: what was published since is lost, so the requests in flight cannot
+        be answered coherently any more (their gateways have ended them with an error). Abort
+        them, free their KV, and carry on: the next publish reconnects."""
+        if self.redis_lost_at is None:
+            self.redis_lost_at = time.monotonic()
+            log.warning("Redis unreachable (%s): aborting %d request(s) in flight", exc, len(self.inflight))
+        self._publish_conn.disconnect()
         self._unread_replies = 0
-        if self._pending:
-            conn.send_packed_command(
-                conn.pack_commands([("PUBLISH", channel, protocol.encode(event)) for channel, event in self._pending])
-            )
-            self._unread_replies = len(self._pending)
-            self._pending = []
+        self._pending = []
+        for rid in list(self.inflight):
+            self._abort(rid)
 
     def _logprob_entry(self, token_id: int, logprobs: dict[int, float], top: int | None) -> dict:
         ranked = sorted(logprobs.items(), key=lambda kv: kv[1], reverse=True)[: top or 0]
@@ -328,6 +369,12 @@ class ReplicaServer:
             load["handoffs_waiting"] = len(self.disagg.waiting)
             load["kv_transfer"] = self.disagg.stats.as_dict()
             endpoint["kv_session"] = self.disagg.kv.session
+        try:
+            self._write_status(state, load, endpoint)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._on_redis_lost(exc)
+
+    def _write_status(self, state: str, load: dict, endpoint: dict) -> None:
         self.redis.hset(
             self.status_key,
             mapping={
@@ -341,6 +388,22 @@ class ReplicaServer:
                 "incarnation": self.incarnation,
             },
         )
+
+
+def _resumed(resume, prompt_ids: list[int]) -> tuple[list[int], int]:
+    """A `resume` field: the last `output_tokens` of the prompt ids are output another replica
+    generated, of whose text `text_sent` characters reached the client. (None: a new request.)"""
+    if resume is None:
+        return [], 0
+    if not isinstance(resume, dict):
+        raise RequestError("resume must be an object", "resume")
+    count, sent = resume.get("output_tokens"), resume.get("text_sent", 0)
+    for name, value in (("output_tokens", count), ("text_sent", sent)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RequestError(f"resume.{name} must be an integer >= 0", "resume")
+    if count >= len(prompt_ids):
+        raise RequestError("resume.output_tokens must leave a prompt before the output", "resume")
+    return (prompt_ids[len(prompt_ids) - count :] if count else []), sent
 
 
 def report_progress(client: redis.Redis, replica_id: int, stage: str, fraction: float) -> None:
