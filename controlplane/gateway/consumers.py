@@ -9,8 +9,9 @@ chat request with its own `id`:
     {"type": "cancel", "id": "r1"}
 
 and receives, per request id: `start` (request id, replica, route reason), `token` (text and
-token ids), `tool_call`, then `done` (finish_reason, usage, timings) or `error` (OpenAI's error
-body). Closing the socket aborts what is still running.
+token ids), `tool_call`, then `done` (finish_reason, usage, timings; `resumed` when the request
+moved to another replica mid-way) or `error` (OpenAI's error body). Closing the socket aborts
+what is still running.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                         await self.send_json({"type": "token", "id": rid, "text": piece})
                 if event.get("finish_reason"):
                     reason = finish_reason(event["finish_reason"], bool(shaper.calls))
-                    await self.send_json({"type": "done", "id": rid, "finish_reason": reason, "usage": event["usage"],
-                                          "timings": {**gen.timings(), "replica": event.get("timings")}})  # fmt: skip
+                    done = {"type": "done", "id": rid, "finish_reason": reason, "usage": event["usage"],
+                            "timings": {**gen.timings(), "replica": event.get("timings")}}  # fmt: skip
+                    if gen.resumed:  # it moved to another replica mid-request (see failover.py)
+                        done["resumed"] = gen.resumed
+                    await self.send_json(done)
         except OpenAIError as exc:
             await self._error(rid, exc)
         finally:

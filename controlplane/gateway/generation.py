@@ -4,21 +4,26 @@ generate websocket, which differ only in how they format events.
 Admission = authenticate → resolve the deployment (404/403) → rate limit (429) → route →
 submit to the replica → wait for its `accepted` (or its 400, e.g. a prompt over the context).
 Only then does a response start, so every refusal is a proper HTTP error, streaming or not.
-A replica that is draining or dies before accepting is skipped for the next one.
+A replica that is draining or dies before accepting is skipped for the next one. One that dies,
+hangs or restarts after accepting is replaced mid-request (see failover.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import ratelimit, router
-from controlplane.gateway.hub import RequestStream, get_hub
+from controlplane.gateway import failover, ratelimit, router
+from controlplane.gateway.hub import ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai_request import GenerationRequest, OpenAIError
 from controlplane.gateway.services import authenticate
@@ -91,6 +96,9 @@ def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, dic
     return deployment, router.candidate_ids(deployment.pk)
 
 
+_candidate_ids = sync_to_async(router.candidate_ids)
+
+
 @dataclass
 class Generation:
     request_id: str
@@ -102,16 +110,27 @@ class Generation:
     # Disaggregated: the prefill replica computing the prompt (None: the decode replica does).
     # From `accepted` (the prompt was handed over), then from the last event (it really was).
     prefill_replica: int | None = None
+    message: dict = field(default_factory=dict)  # what the first replica was sent
+    progress: failover.Progress | None = None  # None: failover is off
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 
+    @property
+    def resumed(self) -> list[dict]:
+        """Each move to another replica: {"from_replica", "to_replica", "after_tokens"}."""
+        return self.progress.resumed if self.progress is not None else []
+
     async def events(self):
-        """Delta events, then the stream ends. A replica's `error` event (it failed, died or
-        restarted under the request) ends it early with an OpenAIError 502."""
+        """Delta events, then the stream ends. A replica lost under the request (dead, hung,
+        restarted) is replaced by another and the events go on from where they were; if none
+        can take it, or the replica itself reports an error, an OpenAIError ends them."""
         try:
-            async for event in self.stream:
+            while not self.stream.finished:
+                event = await self.stream.next_event()
                 if event.get("type") == "error":
+                    if event.get("replica_lost") and await self._resume(event):
+                        continue
                     raise OpenAIError(502, event.get("message", "replica error"), code="replica_error")
                 if event.get("type") == "delta" and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
@@ -123,9 +142,56 @@ class Generation:
                     await ratelimit.count_tokens(
                         self.stream.hub.redis, self.caller.key, usage["prompt_tokens"] + usage["completion_tokens"]
                     )
+                if self.progress is not None:
+                    self.progress.observe(event)
                 yield event
         finally:
             await self.stream.close()
+
+    async def _resume(self, lost: dict) -> bool:
+        """Continue the request on another ready replica of the deployment; False when failover
+        is off or this request may not move again. Raises OpenAIError when no replica can."""
+        progress = self.progress
+        if progress is None or not progress.can_resume():
+            return False
+        old = self.stream
+        with contextlib.suppress(RedisError):
+            await old.close()  # no longer counted against the lost replica
+            await old.hub.abort(old.replica_id, old.request_id)  # a hung replica that wakes up drops it
+        progress.failed_replicas.add(old.replica_id)
+        after = len(progress.output_ids)
+        attempts = itertools.count()
+        move = len(progress.resumed) + 1
+        try:
+            candidates = await _candidate_ids(self.deployment.pk)
+            route, stream, first = await _place(
+                old.hub, self.deployment, candidates, progress.message(self.message),
+                lambda: f"{self.request_id}-r{move}.{next(attempts)}", exclude=frozenset(progress.failed_replicas),
+            )  # fmt: skip
+        except (OpenAIError, RedisError) as exc:
+            stream, reason = None, getattr(exc, "message", None) or str(exc)
+        else:
+            reason = None if stream is not None else first.get("message", "refused")
+        if stream is None:
+            await failover.count(old.hub.redis, self.deployment, "failed")
+            await failover.record("request.failover_failed", self.deployment, {
+                "request_id": self.request_id, "from_replica": old.replica_id, "after_tokens": after,
+                "problem": lost.get("message"), "reason": reason})  # fmt: skip
+            raise OpenAIError(
+                503,
+                f"{lost.get('message', 'the replica was lost')} after {after} tokens, and no other replica of "
+                f"'{self.deployment.slug}' could resume the request; retry it.",
+                code="no_ready_replica",
+            )
+        self.stream = stream
+        if progress.prompt_ids is None:  # it had generated nothing: sent as it was, ids asked again
+            progress.prompt_ids = first.get("prompt_token_ids")
+        note = {"from_replica": old.replica_id, "to_replica": route.replica_id, "after_tokens": after}
+        progress.resumed.append(note)
+        await failover.count(old.hub.redis, self.deployment, "resumed")
+        await failover.record("request.resumed", self.deployment,
+                              {"request_id": self.request_id, **note, "problem": lost.get("message")})  # fmt: skip
+        return True
 
     def timings(self) -> dict:
         now = time.monotonic()
@@ -139,20 +205,28 @@ class Generation:
         await self.stream.close()
 
 
-async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:
-    hub = get_hub()
-    deployment, candidates = await _deployment_and_replicas(req.model, caller)
-    await ratelimit.check(hub.redis, caller.key)
-    prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
-    tried: set[int] = set()
+async def _place(
+    hub: ReplicaHub,
+    deployment: Deployment,
+    candidates: dict[str, list[int]],
+    message: dict,
+    new_id: Callable[[], str],
+    session: str | None = None,
+    exclude: frozenset[int] = frozenset(),
+) -> tuple[router.Route, RequestStream | None, dict]:
+    """Route `message`, send it and wait for the replica's first answer: (route, stream, its
+    `accepted`), or (route, None, the refusal) when the replica refuses the request itself. A
+    replica that is draining (503) or dies before answering is skipped for another, ATTEMPTS
+    in all; raises OpenAIError 503 when no replica is left."""
+    tried = set(exclude)
     for _ in range(ATTEMPTS):
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        request_id = new_id()
         route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
-        message = req.replica_message()
+        sent = dict(message)
         if route.prefill_replica_id is not None:
-            message["prefill"] = {"replica_id": route.prefill_replica_id}
+            sent["prefill"] = {"replica_id": route.prefill_replica_id}
         try:
-            stream = await hub.submit(route.replica_id, request_id, message, route.incarnation)
+            stream = await hub.submit(route.replica_id, request_id, sent, route.incarnation)
         except BaseException:  # not sent: it must not count against the replica
             await hub.dispatched.done(request_id)
             raise
@@ -162,16 +236,32 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
             await stream.close()
             raise
         if first.get("type") == "accepted":
-            return Generation(request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)),
-                              prefill_replica=first.get("prefill_replica"))  # fmt: skip
+            return route, stream, first
         await stream.close()
-        status = int(first.get("status", 500))
-        if status in (502, 503):  # draining or died before accepting: try another replica
+        if int(first.get("status", 500)) in (502, 503):  # draining or died before accepting: try another
             tried.add(route.replica_id)
             continue
-        raise _refusal(req, first, status)
-    raise OpenAIError(503, f"No replica of '{req.model}' could take the request.", code="no_ready_replica",
+        return route, None, first
+    raise OpenAIError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
                       headers={"Retry-After": "2"})  # fmt: skip
+
+
+async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:
+    hub = get_hub()
+    deployment, candidates = await _deployment_and_replicas(req.model, caller)
+    await ratelimit.check(hub.redis, caller.key)
+    prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
+    message = req.replica_message()
+    resumable = failover.enabled()
+    if resumable and req.prompt_token_ids is None:  # to resume it elsewhere, the gateway needs the ids
+        message["return_prompt_token_ids"] = True
+    route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",
+                                        session)  # fmt: skip
+    if stream is None:
+        raise _refusal(req, first, int(first.get("status", 500)))
+    progress = failover.Progress(first.get("prompt_token_ids") or req.prompt_token_ids) if resumable else None
+    return Generation(stream.request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)),
+                      prefill_replica=first.get("prefill_replica"), message=message, progress=progress)  # fmt: skip
 
 
 def _refusal(req: GenerationRequest, event: dict, status: int) -> OpenAIError:

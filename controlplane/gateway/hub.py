@@ -4,7 +4,8 @@ one pub/sub channel per process.
 One subscriber per event loop reads every reply and hands each to the queue of its request, so
 a thousand open streams cost one Redis connection, not a thousand. A request's stream also
 watches its replica: if the replica's heartbeat stops or a new incarnation appears (it was
-restarted), the stream ends with an error event instead of waiting forever.
+restarted), the stream ends with an error event marked `replica_lost` instead of waiting
+forever (the generation then resumes the request on another replica: `failover.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class RequestStream:
                 problem = await self.hub.replica_problem(self.replica_id, self.incarnation)
                 if problem:
                     self.finished = True
-                    return {"id": self.request_id, "type": "error", "status": 502, "message": problem}
+                    return {"id": self.request_id, "type": "error", "status": 502, "message": problem,
+                            "replica_lost": True}  # fmt: skip
                 continue
             if event.get("type") == "error" or event.get("finish_reason"):
                 self.finished = True

@@ -82,6 +82,14 @@ def _prefill_note(gen: generation.Generation, body: dict) -> dict:
     was computed: it names the replica the prompt was handed to, which a fallback can undo."""
     if gen.deployment.mode == "disaggregated":
         body.setdefault("x_switchyard", {})["prefill_replica"] = gen.prefill_replica
+    return _resume_note(gen, body)
+
+
+def _resume_note(gen: generation.Generation, body: dict) -> dict:
+    """The last chunk (or the JSON answer) of a request that moved to another replica lists
+    each move: {"from_replica", "to_replica", "after_tokens"} (see failover.py)."""
+    if gen.resumed:
+        body.setdefault("x_switchyard", {})["resumed"] = gen.resumed
     return body
 
 
@@ -130,14 +138,16 @@ async def _deltas(gen: generation.Generation) -> list[dict]:
 
 
 async def _event_stream(gen: generation.Generation, chunks):
-    """An SSE body: the chunks, then [DONE]. A replica that fails mid-stream ends it with the
-    error as the last event; the request is closed (aborted if still running) either way."""
+    """An SSE body: the chunks, then [DONE]. A request that fails mid-stream (its replica
+    failed, or was lost with no other to resume on) ends with the error as an event, then
+    [DONE]; the request is closed (aborted if still running) either way."""
     try:
-        async for chunk in chunks:
-            yield chunk
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except OpenAIError as exc:
+            yield sse(exc.body())
         yield sse("[DONE]")
-    except OpenAIError as exc:
-        yield sse(exc.body())
     finally:
         await gen.close()
 
@@ -234,7 +244,7 @@ def _chat_whole(req, gen, shaper: ChatShaper, events: list[dict]) -> dict:
         "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
         "finish_reason": finish_reason(last.get("finish_reason"), bool(shaper.calls)),
     }
-    return {**_envelope(req, gen, "chat.completion", [choice]), "usage": _usage(last)}
+    return _resume_note(gen, {**_envelope(req, gen, "chat.completion", [choice]), "usage": _usage(last)})
 
 
 async def _chat_stream(req, gen, shaper: ChatShaper):
@@ -293,7 +303,7 @@ def _completion_whole(req, gen, events: list[dict]) -> dict:
         "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
         "finish_reason": finish_reason(last.get("finish_reason"), False),
     }
-    return {**_envelope(req, gen, "text_completion", [choice]), "usage": _usage(last)}
+    return _resume_note(gen, {**_envelope(req, gen, "text_completion", [choice]), "usage": _usage(last)})
 
 
 async def _completion_stream(req, gen):

@@ -2,7 +2,8 @@
 
 Each replica keeps its own counters and histograms (workers/replica/metrics.py) and sends them
 with every heartbeat; this module only renders them, labelled by deployment, replica and role,
-so a Prometheus server can sum and rate them however it likes. Torch-free.
+so a Prometheus server can sum and rate them however it likes. The gateway's own counters (mid-
+stream failovers, per deployment) are kept in Redis by the web processes. Torch-free.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 
 from controlplane.deployments.models import Replica
+from controlplane.gateway import failover
 from workers.replica import protocol
 
 
@@ -76,6 +78,13 @@ KV_COUNTERS = {
 }
 
 
+FAILOVER_COUNTERS = {
+    "resumed": ("switchyard_requests_resumed_total", "Requests resumed on another replica after theirs was lost."),
+    "failed": ("switchyard_requests_failover_failed_total",
+               "Requests whose replica was lost with no other replica to resume them on."),
+}  # fmt: skip
+
+
 def replica_statuses(redis_client) -> list[tuple[Replica, dict]]:
     replicas = list(Replica.objects.filter(state__in=Replica.LIVE_STATES).select_related("deployment").order_by("id"))
     pipe = redis_client.pipeline(transaction=False)
@@ -108,4 +117,7 @@ def render(redis_client) -> str:
             for key, (name, help_text) in table.items():
                 if key in source:
                     exp.add(name, kind, help_text, labels, source[key])
+    for slug, outcomes in sorted(failover.counts(redis_client).items()):
+        for key, (name, help_text) in FAILOVER_COUNTERS.items():
+            exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])
     return exp.render()

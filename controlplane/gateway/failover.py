@@ -1,0 +1,99 @@
+"""Mid-stream failover: what the gateway keeps of a request so that, when its replica dies, hangs
+or restarts under it, the request resumes on another ready replica and the client sees one
+uninterrupted answer (`Generation.events` does the resuming).
+
+Kept per request (`Progress`): the prompt's token ids (the first replica's `accepted` returns
+them when asked, so a chat template is rendered once), the output token ids the client has
+received and how many characters of their text. The resumed request goes out as token ids,
+prompt + output, with `resume: {"output_tokens", "text_sent"}`. The engine counts those tokens as
+output (max_tokens, penalties, usage), draws each seeded token from (seed, output position)
+alone, so a seeded request draws what it would have, and rebuilds their text so that what the
+failed replica held back (text that could start a stop string) is sent next and a stop string
+across the seam is still caught.
+
+Each resume is counted in Redis for `/metrics` (`switchyard_requests_resumed_total`, and
+`switchyard_requests_failover_failed_total` when no replica could take the request), recorded as
+a `request.resumed` event and listed in the answer's `x_switchyard.resumed`. FAILOVER=false turns
+it off; a request is resumed at most MAX_RESUMES times.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from controlplane.deployments.models import Deployment
+from controlplane.events.services import record_event
+
+log = logging.getLogger(__name__)
+MAX_RESUMES = 2
+# Hash: "<deployment slug>:resumed" / "<deployment slug>:failed" -> count, across web processes.
+COUNTS_KEY = "switchyard:gateway:failover"
+OUTCOMES = ("resumed", "failed")
+
+
+def enabled() -> bool:
+    return bool(settings.SWITCHYARD.get("FAILOVER", True))
+
+
+@dataclass
+class Progress:
+    """What the client has received of one request, enough to resume it elsewhere."""
+
+    prompt_ids: list[int] | None  # None: unknown (the replica did not return them)
+    output_ids: list[int] = field(default_factory=list)
+    text_sent: int = 0  # characters of the output's text, as the replicas sent it
+    resumed: list[dict] = field(default_factory=list)  # {"from_replica", "to_replica", "after_tokens"}
+    failed_replicas: set[int] = field(default_factory=set)
+
+    def observe(self, event: dict) -> None:
+        if event.get("type") == "delta":
+            self.output_ids += event.get("token_ids") or []
+            self.text_sent += len(event.get("text") or "")
+
+    def can_resume(self) -> bool:
+        return len(self.resumed) < MAX_RESUMES and (not self.output_ids or self.prompt_ids is not None)
+
+    def message(self, original: dict) -> dict:
+        """The replica message that continues the request `original` began."""
+        if not self.output_ids:  # nothing generated yet: the request as it was
+            return dict(original)
+        dropped = ("messages", "tools", "prompt", "prompt_token_ids", "return_prompt_token_ids")
+        message = {k: v for k, v in original.items() if k not in dropped}
+        message["prompt_token_ids"] = [*self.prompt_ids, *self.output_ids]
+        message["resume"] = {"output_tokens": len(self.output_ids), "text_sent": self.text_sent}
+        return message
+
+
+async def count(client: aioredis.Redis, deployment: Deployment, outcome: str) -> None:
+    try:
+        await client.hincrby(COUNTS_KEY, f"{deployment.slug}:{outcome}", 1)
+    except aioredis.RedisError:  # a lost count must not fail the request it counts
+        log.warning("could not count a failover (%s) of %s", outcome, deployment.slug, exc_info=True)
+
+
+def counts(client) -> dict[str, dict[str, int]]:
+    """{deployment slug: {"resumed": n, "failed": n}} (a synchronous client: `/metrics`)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, value in (client.hgetall(COUNTS_KEY) or {}).items():
+        slug, _, outcome = name.rpartition(":")
+        if outcome in OUTCOMES:
+            out.setdefault(slug, dict.fromkeys(OUTCOMES, 0))[outcome] = int(value)
+    return out
+
+
+@sync_to_async
+def _record(verb: str, deployment: Deployment, data: dict) -> None:
+    record_event(verb, deployment, actor_label="gateway", data=data)
+
+
+async def record(verb: str, deployment: Deployment, data: dict) -> None:
+    """An event in the audit log; never fails the request (the database may be away)."""
+    try:
+        await _record(verb, deployment, data)
+    except Exception:
+        log.warning("could not record %s for %s", verb, deployment.slug, exc_info=True)

@@ -1,0 +1,397 @@
+"""Mid-stream failover and liveness through real processes: uvicorn, the control worker, a node
+agent and replica processes on the demo model. A replica is killed (SIGKILL) or stopped
+(SIGSTOP) for real while it streams; its requests resume on the other replica and every client
+gets the answer an undisturbed run gives, told where it moved. With no other replica, the stream
+ends with an error event and [DONE]; with FAILOVER off too. A stopped replica leaves routing as
+soon as its heartbeat is stale."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+from websockets.asyncio.client import connect as ws_connect
+
+from tests.support.stack import pid_alive, processes, stack_env, wait_for
+from workers.bench.processes import ROOT, free_port, stop
+from workers.demo import MODEL_DIR
+from workers.replica import protocol
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.django_db]
+N, MAX_TOKENS, KILL_AFTER = 20, 48, 3  # requests per burst, tokens each, pieces every stream has before the kill
+COUNTRIES = ["Japan", "Peru", "France", "Kenya", "Chile", "Egypt", "Spain", "Italy", "Norway", "Canada"]
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.deployments.models import Replica
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+    from controlplane.inventory.models import Node
+
+    state = tmp_path_factory.mktemp("failover")
+    node, port, plain_port = f"failover-{uuid.uuid4().hex[:6]}", free_port(), free_port()
+    # The agent must not kill the replica a test stops: the test lets it go on itself.
+    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_HANG_SECONDS="300")
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create_user("failover-owner")
+        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        with processes(state, node, env, web_port=port):
+            # A second web process with failover turned off.
+            log = open(state / "web-plain.log", "wb")  # noqa: SIM115 - closed by stop()
+            plain = subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
+                                      "--host", "127.0.0.1", "--port", str(plain_port), "--no-access-log"],
+                                     cwd=ROOT, env={**env, "FAILOVER": "false"}, stdout=log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+            try:
+                wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent")
+                pair = create_deployment({"slug": "pair", "model": model, "replicas": 2})
+                solo = create_deployment({"slug": "solo", "model": model, "replicas": 1})
+                _, secret = create_api_key(name="failover", owner=owner)
+                for dep, n in ((pair, 2), (solo, 1)):
+                    wait_for(lambda dep=dep, n=n: Replica.objects.filter(deployment=dep, state="ready").count() == n,
+                             120, f"{dep.slug}'s replicas")  # fmt: skip
+                base, plain_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{plain_port}"
+                for url in (base, plain_base):
+                    wait_for(lambda url=url: _up(url), 30, "the web servers")
+                yield {"base": base, "plain": plain_base, "port": port, "key": secret, "pair": pair.pk,
+                       "solo": solo.pk, "logs": state / "logs"}  # fmt: skip
+            finally:
+                stop([plain], [log])
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/v1/models", timeout=2).status_code == 401
+    except httpx.HTTPError:
+        return False
+
+
+def _status(replica_id: int) -> dict:
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
+
+
+def _pid(replica_id: int) -> int:
+    return json.loads(_status(replica_id)["endpoint"])["pid"]
+
+
+def serving(deployment_id: int, n: int) -> list[int]:
+    """Wait until the deployment's `n` replicas are ready, heartbeating and idle (a replica
+    killed by the previous test has been restarted); their ids."""
+    from controlplane.deployments.models import Replica
+
+    def ready():
+        ids = sorted(Replica.objects.filter(deployment_id=deployment_id, state="ready").values_list("id", flat=True))
+        statuses = [_status(i) for i in ids]
+        loads = [json.loads(s.get("load") or "{}") for s in statuses]
+        fine = all(s.get("state") == "ready" and protocol.is_fresh(s) for s in statuses) and all(
+            load.get("running") == 0 and load.get("waiting") == 0 for load in loads
+        )
+        return ids if len(ids) == n and fine else None
+
+    return wait_for(ready, 60, f"{n} idle ready replicas")
+
+
+def metric(stack, name: str, deployment: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(stack["base"] + "/metrics", timeout=10).text
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    return sum(s.value for s in samples if s.name == name and s.labels.get("deployment") == deployment)
+
+
+def events(verb: str, deployment_id: int) -> list[dict]:
+    from controlplane.events.models import Event
+
+    return list(Event.objects.filter(verb=verb, object_id=str(deployment_id)).values_list("data", flat=True))
+
+
+# -- clients -------------------------------------------------------------------------------------
+def request(i: int, deployment: str, **params) -> tuple[str, dict]:
+    """The i-th request of a burst: SSE chat (with usage), SSE completion (with logprobs), a
+    JSON chat, or a websocket chat."""
+    kind = ("ws", "completion", "json", "chat", "chat")[i % 5]
+    question = f"What is the capital of {COUNTRIES[i % len(COUNTRIES)]}?"
+    body = {"model": deployment, "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0, **params}
+    if kind == "completion":
+        return kind, {**body, "prompt": f"Q: {question}\nA:", "stream": True, "logprobs": 1}
+    body["messages"] = [{"role": "user", "content": question}]
+    if kind == "chat":
+        body.update(stream=True, stream_options={"include_usage": True})
+    return kind, body
+
+
+async def sse(client: httpx.AsyncClient, kind: str, body: dict, progress: list, i: int, seen: dict | None = None):
+    """One SSE request, counting the pieces of text as they arrive (a test kills a replica on
+    them); `seen[i]` is its replica as soon as the headers name it."""
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    lines = []
+    async with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        replica = int(r.headers["x-switchyard-replica"])
+        if seen is not None:
+            seen[i] = replica
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                if '"content": "' in line or '"text": "' in line:
+                    progress[i] += 1
+    return {**_parse(kind, lines), "replica": replica, "ended": time.monotonic()}
+
+
+def _parse(kind: str, lines: list[str]) -> dict:
+    out = {"text": "", "tokens": [], "logprobs": [], "usage": None, "note": None, "finish": None, "error": None}
+    data = [line.removeprefix("data: ") for line in lines]
+    out["last"] = data[-1] if data else None
+    for raw in data[:-1]:
+        chunk = json.loads(raw)
+        if "error" in chunk:
+            out["error"] = chunk["error"]
+            continue
+        out["id"] = chunk["id"]
+        out["usage"] = chunk.get("usage") or out["usage"]
+        for choice in chunk["choices"]:
+            out["text"] += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if choice.get("logprobs") and kind == "completion":
+                out["tokens"] += choice["logprobs"]["tokens"]
+                out["logprobs"] += choice["logprobs"]["token_logprobs"]
+            if choice.get("finish_reason"):
+                out["finish"] = choice["finish_reason"]
+                out["note"] = (chunk.get("x_switchyard") or {}).get("resumed")
+    return out
+
+
+async def whole(client: httpx.AsyncClient, body: dict) -> dict:
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    return {"text": answer["choices"][0]["message"]["content"], "usage": answer["usage"], "id": answer["id"],
+            "finish": answer["choices"][0]["finish_reason"], "replica": int(r.headers["x-switchyard-replica"]),
+            "note": (answer.get("x_switchyard") or {}).get("resumed"), "error": None, "last": "[DONE]"}  # fmt: skip
+
+
+async def websocket(stack, body: dict, progress: list, i: int) -> dict:
+    out = {"text": "", "usage": None, "note": None, "finish": None, "error": None, "last": "[DONE]"}
+    async with ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/?api_key={stack['key']}", open_timeout=10) as ws:
+        await ws.send(json.dumps({"id": "r", **body}))
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            if event["type"] == "start":
+                out["replica"], out["id"] = event["replica"], event["request_id"]
+            elif event["type"] == "token":
+                out["text"] += event["text"]
+                progress[i] += 1
+            elif event["type"] == "done":
+                out.update(usage=event["usage"], finish=event["finish_reason"], note=event.get("resumed"))
+                out["ended"] = time.monotonic()
+                return out
+            else:
+                out["error"] = event.get("error")
+                return out
+
+
+async def until(predicate, timeout: float, what: str) -> None:
+    """A bounded wait on a condition, without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def burst(stack, deployment: str = "pair", victim: int | None = None, sig=signal.SIGKILL, base=None, **params):
+    """N concurrent requests; with `victim`, `sig` goes to that replica once every streaming
+    request has received KILL_AFTER pieces of text. Returns the results in request order."""
+    requests = [request(i, deployment, **params) for i in range(N)]
+    streaming = [i for i, (kind, _) in enumerate(requests) if kind != "json"]
+    progress = [0] * N
+
+    async def main():
+        headers = {"Authorization": f"Bearer {stack['key']}"}
+        async with httpx.AsyncClient(base_url=base or stack["base"], headers=headers, timeout=60) as client:
+            tasks = []
+            for i, (kind, body) in enumerate(requests):
+                if kind == "ws":
+                    tasks.append(websocket(stack, body, progress, i))
+                elif kind == "json":
+                    tasks.append(whole(client, body))
+                else:
+                    tasks.append(sse(client, kind, body, progress, i))
+            running = asyncio.gather(*tasks)
+            killed = None
+            if victim is not None:
+                await until(lambda: all(progress[i] >= KILL_AFTER for i in streaming), 30, "every stream to start")
+                os.kill(_pid(victim), sig)
+                killed = time.monotonic()
+            results = await asyncio.wait_for(running, 60)
+        for i, r in enumerate(results):
+            r["kind"], r["killed"] = requests[i][0], killed
+        return results
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def undisturbed(stack):
+    serving(stack["pair"], 2)
+    results = burst(stack)
+    assert all(r["error"] is None and r["note"] is None for r in results)
+    assert all(r["usage"] is None or r["usage"]["completion_tokens"] == MAX_TOKENS for r in results)
+    return results
+
+
+def check_resumed(results, reference, victim: int, survivor: int) -> int:
+    """Every request got the undisturbed answer; those the victim served say they moved. Returns
+    how many moved."""
+    moved = 0
+    for got, want in zip(results, reference, strict=True):
+        assert got["error"] is None and got["last"] == "[DONE]", got
+        assert got["text"] == want["text"]
+        assert got.get("tokens") == want.get("tokens")
+        for a, b in zip(got.get("logprobs", []), want.get("logprobs", []), strict=True):
+            assert abs(a - b) < 1e-3
+        assert got["finish"] == "length"
+        if got["usage"] is not None:
+            assert got["usage"]["completion_tokens"] == MAX_TOKENS
+            assert got["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"]
+        if got["note"]:
+            [note] = got["note"]
+            assert note["from_replica"] == victim == got["replica"] and note["to_replica"] == survivor
+            assert 0 < note["after_tokens"] < MAX_TOKENS
+            moved += 1
+        elif got["kind"] != "json":  # the victim's streams all moved, unless one had ended before
+            assert got["replica"] == survivor or got["ended"] < got["killed"], got
+    return moved
+
+
+# -- tests ---------------------------------------------------------------------------------------
+def test_a_killed_replica_s_streams_resume_on_the_other_one_unchanged(stack, undisturbed):
+    victim, survivor = serving(stack["pair"], 2)
+    before = metric(stack, "switchyard_requests_resumed_total", "pair"), len(events("request.resumed", stack["pair"]))
+    started = time.monotonic()
+    results = burst(stack, victim=victim, sig=signal.SIGKILL)
+    assert time.monotonic() - started < 45
+    moved = check_resumed(results, undisturbed, victim, survivor)
+    assert moved >= 3  # ~half the burst was on the victim, most of it mid-stream
+    assert metric(stack, "switchyard_requests_resumed_total", "pair") == before[0] + moved
+    recorded = events("request.resumed", stack["pair"])[before[1] :]
+    assert len(recorded) == moved and {e["from_replica"] for e in recorded} == {victim}
+
+
+def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undisturbed):
+    victim, survivor = serving(stack["pair"], 2)
+    pid = _pid(victim)
+    try:
+        results = burst(stack, victim=victim, sig=signal.SIGSTOP)
+        check_resumed(results, undisturbed, victim, survivor)
+        # Still stopped: new requests go to the replica that heartbeats, none fails.
+        assert not protocol.is_fresh(_status(victim))
+        headers = {"Authorization": f"Bearer {stack['key']}"}
+        for _ in range(4):
+            r = httpx.post(stack["base"] + "/v1/completions", headers=headers, timeout=30,
+                           json={"model": "pair", "prompt": "Hello", "max_tokens": 2})  # fmt: skip
+            assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(survivor)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Woken up, it drops the requests that moved (the gateway told it to) and serves again.
+    log = (stack["logs"] / f"replica-{victim}.log").read_text
+    moved_ids = [r["id"] for r in results if r["note"]]
+    wait_for(lambda: all(f"aborted {rid}" in log() for rid in moved_ids), 10, "the stale requests to be aborted")
+    assert serving(stack["pair"], 2) == [victim, survivor] and pid_alive(pid)
+
+
+def test_a_seeded_sampled_request_resumed_draws_what_it_would_have(stack):
+    serving(stack["pair"], 2)
+    body = {"model": "pair", "prompt": "Q: What is the capital of Peru?\nA:", "max_tokens": 3 * MAX_TOKENS,
+            "ignore_eos": True, "temperature": 1.0, "seed": 4242, "top_k": 40, "frequency_penalty": 0.4,
+            "logprobs": 2, "stream": True}  # fmt: skip
+
+    async def one(kill: bool) -> dict:
+        progress, seen = [0], {}
+        headers = {"Authorization": f"Bearer {stack['key']}"}
+        async with httpx.AsyncClient(base_url=stack["base"], headers=headers, timeout=60) as client:
+            task = asyncio.ensure_future(sse(client, "completion", body, progress, 0, seen))
+            if kill:
+                await until(lambda: progress[0] >= 5, 30, "the stream to start")
+                os.kill(_pid(seen[0]), signal.SIGKILL)
+            return await asyncio.wait_for(task, 60)
+
+    reference = asyncio.run(one(kill=False))
+    resumed = asyncio.run(one(kill=True))
+    assert resumed["note"] and resumed["note"][0]["from_replica"] == resumed["replica"]
+    assert resumed["text"] == reference["text"] and resumed["tokens"] == reference["tokens"]
+    assert max(abs(a - b) for a, b in zip(resumed["logprobs"], reference["logprobs"], strict=True)) < 1e-3
+    assert resumed["finish"] == "length" and resumed["last"] == "[DONE]"
+
+
+def _stream_until_killed(base: str, key: str, deployment: str, replica: int) -> tuple[list[str], float]:
+    body = {"model": deployment, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"}) as r:  # fmt: skip
+        assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(replica)
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line.removeprefix("data: "))
+                if len(lines) == 3:
+                    os.kill(_pid(replica), signal.SIGKILL)
+                    killed = time.monotonic()
+    return lines, time.monotonic() - killed
+
+
+def test_with_no_other_replica_the_stream_ends_with_an_error_then_done(stack):
+    [replica] = serving(stack["solo"], 1)
+    before = metric(stack, "switchyard_requests_failover_failed_total", "solo")
+    lines, seconds = _stream_until_killed(stack["base"], stack["key"], "solo", replica)
+    assert lines[-1] == "[DONE]" and seconds < 10
+    error = json.loads(lines[-2])["error"]
+    assert error["code"] == "no_ready_replica" and f"replica {replica}" in error["message"]
+    assert all("error" not in json.loads(line) for line in lines[:-2])
+    assert metric(stack, "switchyard_requests_failover_failed_total", "solo") == before + 1
+    assert events("request.failover_failed", stack["solo"])[-1]["from_replica"] == replica
+
+
+def test_with_failover_off_a_lost_replica_ends_the_stream(stack):
+    victim, _ = serving(stack["pair"], 2)
+    # The plain web process routes by the same counts: send until the victim takes one.
+    for _ in range(10):
+        try:
+            lines, _seconds = _stream_until_killed(stack["plain"], stack["key"], "pair", victim)
+            break
+        except AssertionError:
+            continue
+    else:
+        pytest.fail("no request reached the victim")
+    assert lines[-1] == "[DONE]"
+    assert json.loads(lines[-2])["error"]["code"] == "replica_error"
+
+
+def test_a_stopped_only_replica_is_refused_with_retry_after_until_it_heartbeats(stack):
+    [replica] = serving(stack["solo"], 1)
+    pid = _pid(replica)
+    headers = {"Authorization": f"Bearer {stack['key']}"}
+    body = {"model": "solo", "prompt": "Hello", "max_tokens": 2}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not protocol.is_fresh(_status(replica)), 10, "the heartbeat to go stale")
+        r = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_ready_replica"
+        assert int(r.headers["Retry-After"]) > 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: protocol.is_fresh(_status(replica)), 10, "the heartbeat to return")
+    assert httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
