@@ -395,3 +395,56 @@ def test_a_stopped_only_replica_is_refused_with_retry_after_until_it_heartbeats(
         os.kill(pid, signal.SIGCONT)
     wait_for(lambda: protocol.is_fresh(_status(replica)), 10, "the heartbeat to return")
     assert httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
+
+
+def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
+    """The router may pick a replica in the moment between its drain and its next heartbeat (up to
+    0.5 s): it answers 503 and the request goes to another replica, not back to the client. That
+    moment is made by stopping the draining replica (SIGSTOP) and writing its status as its last
+    heartbeat before the drain had it (the one fake here: of timing, not of behaviour), and the
+    other replica is made to look busier with requests counted against it."""
+    from controlplane.deployments.models import Deployment
+    from controlplane.gateway import generation
+    from controlplane.gateway.dispatched import dispatched_key
+    from controlplane.gateway.hub import ReplicaHub
+
+    draining, other = serving(stack["pair"], 2)
+    deployment = Deployment.objects.get(pk=stack["pair"])
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    pid, busy = _pid(draining), {f"busy-{i}": float(client.time()[0]) + 60 for i in range(4)}
+    message = {"prompt_token_ids": [5, 6, 7], "params": {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True}}
+
+    async def main():
+        hub = ReplicaHub(settings.REDIS_URL)
+        # A long request keeps the draining replica alive while it drains.
+        long = await hub.submit(draining, f"long-{uuid.uuid4().hex[:6]}",
+                                {**message, "params": {"max_tokens": 2000, "ignore_eos": True}}, None)  # fmt: skip
+        assert (await long.next_event())["type"] == "accepted"
+        os.kill(pid, signal.SIGTERM)
+        await until(lambda: _status(draining).get("state") == "draining", 10, "the drain")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            idle = json.dumps({"running": 0, "waiting": 0})
+            client.hset(protocol.status_key(draining), mapping={"state": "ready", "load": idle,
+                                                                 "heartbeat": f"{time.time():.3f}"})  # fmt: skip
+            client.zadd(dispatched_key(other), busy)
+            sent = client.xlen(protocol.requests_key(draining))
+            candidates = {"decode": [draining, other], "prefill": []}
+            placing = asyncio.ensure_future(
+                generation._place(hub, deployment, candidates, message, lambda: f"t-{uuid.uuid4().hex}")
+            )
+            # Sent to the draining replica first (it is stopped: it answers once woken).
+            await until(lambda: client.xlen(protocol.requests_key(draining)) > sent, 5, "the request to be sent")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            client.zrem(dispatched_key(other), *busy)
+        route, stream, first = await asyncio.wait_for(placing, 20)
+        assert route.replica_id == other and first["type"] == "accepted"
+        while not stream.finished:
+            last = await asyncio.wait_for(stream.next_event(), 10)
+        await stream.close()
+        await long.close()
+        return last
+
+    last = asyncio.run(main())
+    assert last["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 4
