@@ -186,6 +186,8 @@ SWITCHYARD = {
     "PD_LOCAL_PREFILL_TOKENS": env.int("PD_LOCAL_PREFILL_TOKENS", default=256),
     # /metrics is open unless this is set (then Prometheus sends it as a Bearer token).
     "METRICS_TOKEN": env("METRICS_TOKEN", default=""),
+    # A request whose replica dies, hangs or restarts mid-way resumes on another ready replica.
+    "FAILOVER": env.bool("FAILOVER", default=True),
     "LOG_DIR": str(STATE_DIR / "logs"),
 }
 
