@@ -1,13 +1,17 @@
 """`make run`: the whole control plane on this machine, in the foreground.
 
-Starts (and on Ctrl-C stops) Redis if none answers, the web server (uvicorn, ASGI), Celery
-beat, the control worker and this machine's node agent; registers the demo model, deploys it
-as `demo` and waits for its replica; prints where to go, how to sign in and a curl example,
-and writes the same to .switchyard/run.json (mode 0600).
+Starts Redis if none answers, the web server (uvicorn, ASGI), Celery beat, the control worker
+and this machine's node agent, and restarts any of them that dies (with a backoff); registers
+the demo model, deploys it as `demo`, and says Switchyard is running only once the demo replica
+has answered a chat completion through the gateway with the API key. The admin user, its
+password and the API key are kept in .switchyard/run.json (mode 0600) and reused by the next
+run while they still work. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -17,7 +21,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,9 +35,143 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("SWITCHYARD_STATE_DIR", ROOT / ".switchyard"))
 PY = sys.executable
 
+RESTART_FIRST_DELAY = 1.0  # seconds before the first restart of a process that died
+RESTART_MAX_DELAY = 30.0  # the delay doubles while a process keeps dying, up to this
+STABLE_AFTER = 60.0  # a process that ran this long before dying starts again from the first delay
+WEB_TIMEOUT, NODE_TIMEOUT = 60, 90
+
 
 def log(msg: str) -> None:
     print(f"[switchyard] {msg}", flush=True)
+
+
+class Stopping(Exception):
+    """SIGINT / SIGTERM / SIGHUP: stop everything."""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when make run itself dies, however it dies (a SIGKILL
+    leaves no chance to stop anything), so no process outlives it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Service:
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict | None = None
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    delay: float = 0.0  # the delay of the last restart (0: none yet, or it ran long enough)
+    restart_at: float | None = None
+    restarts: int = 0
+
+
+@dataclass
+class Supervisor:
+    """Starts processes, restarts the ones that die (delay doubling from `first_delay` to
+    `max_delay` while they keep dying within `stable_after` seconds), stops them all."""
+
+    cwd: Path = ROOT
+    say: Callable[[str], None] = log
+    first_delay: float = RESTART_FIRST_DELAY
+    max_delay: float = RESTART_MAX_DELAY
+    stable_after: float = STABLE_AFTER
+    services: list[Service] = field(default_factory=list)
+    stopped: bool = False
+
+    def start(self, name: str, args: list[str], log_path: Path, env: dict | None = None) -> Service:
+        service = Service(name, args, log_path, env)
+        self.services.append(service)
+        self._spawn(service)
+        return service
+
+    def _spawn(self, s: Service) -> None:
+        with s.log_path.open("ab") as out:
+            # Its own process group: a terminal's Ctrl-C reaches make run alone, which stops
+            # the processes in order (the agent first, so that it drains its replicas).
+            s.proc = subprocess.Popen(
+                s.args, cwd=self.cwd, env=s.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                process_group=0, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        s.started_at, s.restart_at = time.monotonic(), None
+
+    def _note(self, s: Service, message: str) -> None:
+        self.say(message)
+        with s.log_path.open("a") as out:
+            out.write(f"[switchyard {datetime.now(UTC).isoformat(timespec='seconds')}] {message}\n")
+
+    def tick(self) -> None:
+        """Notice the processes that died and schedule their restart; restart those due."""
+        now = time.monotonic()
+        for s in self.services if not self.stopped else ():
+            if s.restart_at is not None:
+                if now >= s.restart_at:
+                    s.restarts += 1
+                    self._spawn(s)
+                continue
+            code = s.proc.poll() if s.proc else None
+            if code is None:
+                continue
+            quick = now - s.started_at < self.stable_after
+            s.delay = min(s.delay * 2, self.max_delay) if quick and s.delay else self.first_delay
+            s.restart_at = now + s.delay
+            message = f"{s.name} exited with code {code}; restarting in {s.delay:g}s"
+            if s.delay >= self.max_delay:
+                message += (
+                    f" (it keeps dying within {self.stable_after:g}s of starting: restarted every "
+                    f"{self.max_delay:g}s until it stays up; see {s.log_path})"
+                )
+            else:
+                message += f" (log: {s.log_path})"
+            self._note(s, message)
+
+    def alive(self, name: str) -> subprocess.Popen | None:
+        s = next((s for s in self.services if s.name == name), None)
+        return s.proc if s and s.proc and s.proc.poll() is None else None
+
+    def stop(self, names: tuple[str, ...] | None = None, timeout: float = 15.0) -> None:
+        """SIGTERM the named processes (default: all left), wait up to `timeout` seconds, SIGKILL
+        what is still there. Nothing is restarted after this."""
+        self.stopped = True
+        running = [s.proc for s in self.services
+                   if (names is None or s.name in names) and s.proc and s.proc.poll() is None]  # fmt: skip
+        for p in running:
+            p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in running:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def stop_stray_replicas(logs_dir: Path, timeout: float = 15.0) -> list[int]:
+    """Replicas run in their own session so that they outlive a crashed agent (the next one
+    adopts them). The agent stops them when it stops cleanly and forgets their pid files; a
+    replica whose pid file is still there after the agent ended (killed, or out of time) is
+    stopped here. Returns the pids it stopped."""
+    import psutil
+
+    strays = []
+    for pid_file in logs_dir.glob("replica-*.pid"):
+        replica_id = pid_file.stem.removeprefix("replica-")
+        try:
+            proc = psutil.Process(int(pid_file.read_text().split()[0]))
+            # The pid may have been reused: only the replica itself is stopped.
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("SWITCHYARD_REPLICA_ID") == replica_id:
+                proc.terminate()
+                strays.append(proc)
+        except (OSError, ValueError, IndexError, psutil.Error):
+            continue
+    _, alive = psutil.wait_procs(strays, timeout=timeout)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return [p.pid for p in strays]
 
 
 def redis_answers(url: str) -> bool:
@@ -41,159 +183,233 @@ def redis_answers(url: str) -> bool:
         return False
 
 
-def ensure_redis(url: str, procs: list) -> None:
+def ensure_redis(url: str, sup: Supervisor, logs_dir: Path) -> str | None:
+    """Start (and supervise) a redis-server if none answers at a local `url`; the problem if
+    that cannot be done."""
     if redis_answers(url):
-        return
+        return None
     parsed = urlparse(url)
     if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
-        sys.exit(f"Redis at {url} does not answer; start it, or point REDIS_URL at one that does.")
+        return f"Redis at {url} does not answer; start it, or point REDIS_URL at one that does."
     binary = shutil.which("redis-server")
     if not binary:
-        sys.exit(
+        return (
             f"No Redis answers at {url} and redis-server is not installed. Install it "
             "(Debian: apt-get install redis-server; `make setup` does this as root) or set REDIS_URL."
         )
     port = parsed.port or 6379
-    log(f"starting redis-server on port {port}")
-    procs.append(
-        (
-            "redis",
-            subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                stdout=subprocess.DEVNULL,
-            ),
-        )
-    )
+    log(f"starting redis-server on port {port} (log: {logs_dir / 'redis.log'})")
+    sup.start("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+              logs_dir / "redis.log")  # fmt: skip
     deadline = time.monotonic() + 10
     while not redis_answers(url):
         if time.monotonic() > deadline:
-            sys.exit("redis-server did not start within 10 s")
+            return f"redis-server did not answer within 10 s; see {logs_dir / 'redis.log'}"
+        sup.tick()
         time.sleep(0.1)
+    return None
 
 
-BOOTSTRAP = """
-import json, sys
-import django
-django.setup()
-from django.core.management import call_command
-from django.contrib.auth import get_user_model
-from controlplane.common.services import create_token, revoke_tokens
-from controlplane.catalog.models import Model
-from controlplane.catalog.services import register_model, validate_model
-from controlplane.deployments import services as deployments
-from controlplane.deployments.models import Deployment
-from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import create_api_key
-from workers.demo import MODEL_DIR
-
-call_command("migrate", "--noinput", verbosity=0)
-user, _ = get_user_model().objects.get_or_create(username="admin")
-user.is_staff = user.is_superuser = True
-user.set_password(sys.argv[1])
-user.save()
-ApiKey.objects.filter(owner=user, name="make-run", revoked=False).update(revoked=True)
-_, secret = create_api_key(name="make-run", owner=user)
-model = Model.objects.filter(name="demo").first() or register_model(name="demo", source=str(MODEL_DIR), actor=user)
-model = validate_model(model.pk)
-if model.status != "ready":
-    sys.exit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
-demo = Deployment.objects.filter(slug="demo").first()
-if demo is None:
-    deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1}, actor=user)
-elif demo.desired_state != "running":
-    deployments.start(demo, actor=user)
-# The token this script polls the API with; only its hash is kept, so a fresh one each run.
-revoke_tokens(user, name="make-run")
-_, token = create_token(user, name="make-run")
-print(json.dumps({"api_key": secret, "token": token}))
-"""
+def read_previous(run_file: Path) -> dict | None:
+    try:
+        previous = json.loads(run_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return previous if isinstance(previous, dict) else None
 
 
-def bootstrap() -> dict:
-    """Migrate, then (re)create the admin with a fresh password (so the printed one always
-    works), an API key and a management-API token, register the demo model and create the
-    `demo` deployment (or start it again); one Django start-up for all of it."""
-    password = secrets.token_urlsafe(12)
-    out = subprocess.run([PY, "-c", BOOTSTRAP, password], cwd=ROOT, check=True, capture_output=True, text=True)
-    return {"admin_user": "admin", "admin_password": password, **json.loads(out.stdout.strip().splitlines()[-1])}
+def write_private(path: Path, text: str) -> None:
+    """Write `path` as 0600 from its first byte (then rename over the old one)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
-def wait_http(url: str, timeout: float, token: str | None = None, until=lambda body: True) -> bool:
-    """Poll `url` until it answers 200 and `until(parsed JSON body)` holds."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+def bootstrap(previous: dict | None, log_path: Path) -> tuple[dict | None, str]:
+    """Run scripts.bootstrap (migrate, admin, API key, token, demo) with the previous run's
+    credentials on stdin; (its result, "") or (None, what went wrong)."""
+    with log_path.open("a") as err:
+        done = subprocess.run([PY, "-m", "scripts.bootstrap"], cwd=ROOT, input=json.dumps(previous),
+                              stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
+        return None, f"setting up the database failed (exit {done.returncode}: {' '.join(last)}); see {log_path}"
+    return json.loads(lines[-1]), ""
+
+
+def http(url: str, token: str | None = None, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
+    """(status, parsed JSON or text); status 0 when nothing answered."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    except OSError as e:
+        return 0, str(e)
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def wait(check: Callable[[], object], timeout: float, sup: Supervisor, interval: float = 0.5) -> object:
+    """Poll `check` until it returns something true or `timeout` passes, supervising meanwhile."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                if response.status == 200 and until(json.loads(response.read())):
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.3)
-    return False
+    while True:
+        sup.tick()
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(interval)
+
+
+def fresh_heartbeat(url: str, token: str, node: str, since: datetime) -> Callable[[], str | None]:
+    """A check: the node's last heartbeat (ISO) once it is online with one newer than `since`,
+    so that a row left `online` by an earlier run does not count."""
+
+    def check():
+        status, body = http(f"{url}api/v1/nodes/?name={node}", token)
+        rows = body.get("results", []) if status == 200 and isinstance(body, dict) else []
+        beat = rows[0].get("last_heartbeat") if rows and rows[0].get("status") == "online" else None
+        return beat if beat and datetime.fromisoformat(beat) > since else None
+
+    return check
+
+
+def replica_summary(url: str, token: str, logs_dir: Path) -> str:
+    status, body = http(f"{url}api/v1/replicas/?deployment__slug=demo", token)
+    if status != 200 or not isinstance(body, dict):
+        return f"the replica list did not answer ({status})"
+    parts = []
+    for r in body.get("results", [])[:5]:
+        error = f", {r['last_error'].strip().splitlines()[-1]}" if r.get("last_error") else ""
+        replica_log = logs_dir / f"replica-{r['id']}.log"
+        parts.append(f"replica {r['id']} {r['state']}{error} (log: {replica_log})")
+    return "; ".join(parts) or "no replica was created (see the deployment's placement_error)"
 
 
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
     # Owner-only state directory, and a 077 umask inherited by every process started below.
     make_private(STATE)
+    started = datetime.now(UTC)
+    sup = Supervisor()
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:  # a second Ctrl-C while stopping changes nothing: the waits are bounded
+            stopping = True
+            raise Stopping
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        return run(sup, started)
+    except Stopping:
+        return 0
+    finally:
+        stopping = True
+        log("stopping...")
+        # The agent first (it drains and stops its replicas, and says it is leaving while the
+        # control worker can still record it), with time for its replicas' drain; then any
+        # replica it left; Redis, if it is ours, last.
+        sup.stop(("agent",), timeout=float(os.environ.get("REPLICA_STOP_TIMEOUT", "10")) + 20)
+        for pid in stop_stray_replicas(STATE / "logs"):
+            log(f"stopped replica process {pid}, left running by the node agent")
+        sup.stop(tuple(s.name for s in sup.services if s.name != "redis"))
+        sup.stop()
+
+
+def run(sup: Supervisor, started: datetime) -> int:
     port = int(os.environ.get("PORT", "8000"))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     node = os.environ.get("SWITCHYARD_NODE") or socket.gethostname().split(".")[0]
-    procs: list[tuple[str, subprocess.Popen]] = []
     logs_dir = STATE / "logs"
+    run_file = STATE / "run.json"
+    # How long the demo replica may take to load and answer (a big model on a GPU: raise it).
+    serve_timeout = float(os.environ.get("RUN_READY_TIMEOUT", "240"))
 
-    def start(name: str, args: list[str]) -> None:
-        out = (logs_dir / f"{name}.log").open("ab")
-        procs.append((name, subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)))
+    def failed(message: str) -> int:
+        log(f"FAILED: {message}")
+        return 1
+
+    problem = ensure_redis(redis_url, sup, logs_dir)
+    if problem:
+        return failed(problem)
+    log("applying migrations, checking the admin user and API key")
+    previous = read_previous(run_file)
+    creds, problem = bootstrap(previous, logs_dir / "bootstrap.log")
+    if creds is None:
+        return failed(problem)
+    url = f"http://127.0.0.1:{port}/"
+    user, password, api_key = creds["admin_user"], creds["admin_password"], creds["api_key"]
+    # Written before anything can fail, so that a new key is never lost. A password the operator
+    # changed (None) leaves run.json's as it was: a later run then still knows not to reset it.
+    kept = password if password is not None else (previous or {}).get("admin_password")
+    info = {"url": url, "admin_user": user, "admin_password": kept, "api_key": api_key, "model": "demo"}
+    write_private(run_file, json.dumps(info, indent=2))
+    for note in creds["notes"]:
+        log(note)
+    if previous and not creds["notes"]:
+        log(f"reusing the admin user, password and API key from {run_file}")
+
+    celery = [PY, "-m", "celery", "-A", "controlplane.config"]
+    services = {
+        "web": [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning"],
+        "beat": [*celery, "beat", "--schedule", str(STATE / "celerybeat-schedule"), "--loglevel", "WARNING"],
+        "control": [*celery, "worker", "-Q", "control", "-P", "threads", "-c", "2", "-n", "control@%h",
+                    "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+        "agent": [PY, "-m", "workers.agent", "--node", node],
+    }  # fmt: skip
+    for name, args in services.items():
+        sup.start(name, args, logs_dir / f"{name}.log")
         log(f"started {name} (log: {logs_dir / (name + '.log')})")
 
-    def stop_all(*_):
-        log("stopping...")
-        for _name, p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for _name, p in reversed(procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        sys.exit(0)
+    health = wait(lambda: http(f"{url}healthz")[0] == 200, WEB_TIMEOUT, sup)
+    if not health:
+        return failed(f"the web server did not answer {url}healthz within {WEB_TIMEOUT} s; see {logs_dir / 'web.log'}")
+    beat = wait(fresh_heartbeat(url, creds["token"], node, started), NODE_TIMEOUT, sup)
+    if not beat:
+        return failed(
+            f"node agent {node!r} sent no heartbeat since this run started ({NODE_TIMEOUT} s); see "
+            f"{logs_dir / 'agent.log'} and {logs_dir / 'control.log'}"
+        )
+    log(f"node agent {node}: online (heartbeat {beat})")
+    log("waiting for the demo replica to answer a chat completion")
+    attempt = {"last": "", "next_report": time.monotonic() + 30}
+    probe = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
 
-    signal.signal(signal.SIGINT, stop_all)
-    signal.signal(signal.SIGTERM, stop_all)
-    ensure_redis(redis_url, procs)
-    log("applying migrations, creating the admin user")
-    creds = bootstrap()
-    celery = [PY, "-m", "celery", "-A", "controlplane.config"]
-    start("web", [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",
-                  "--port", str(port), "--log-level", "warning"])  # fmt: skip
-    start("beat", [*celery, "beat", "--schedule", str(STATE / "celerybeat-schedule"), "--loglevel", "WARNING"])
-    start("control", [*celery, "worker", "-Q", "control", "-P", "threads", "-c", "2", "-n", "control@%h",
-                      "--without-gossip", "--without-mingle", "--loglevel", "INFO"])  # fmt: skip
-    start("agent", [PY, "-m", "workers.agent", "--node", node])
-    url = f"http://127.0.0.1:{port}/"
-    if not wait_http(f"{url}healthz", 60):
-        log("the web server did not come up; see .switchyard/logs/web.log")
-        stop_all()
-    registered = wait_http(f"{url}api/v1/nodes/?name={node}&status=online", 60, creds["token"],
-                           until=lambda body: body["count"] > 0)  # fmt: skip
-    log(f"node agent {node}: {'registered' if registered else 'NOT registered (see logs/agent.log)'}")
-    log("waiting for the demo deployment's replica to load the model")
-    ready = wait_http(f"{url}api/v1/replicas/?deployment__slug=demo&state=ready", 180, creds["token"],
-                      until=lambda body: body["count"] > 0)  # fmt: skip
-    if not ready:
-        log("the demo replica is not ready after 180 s; see .switchyard/logs/replica-*.log")
-    user, password, api_key = creds["admin_user"], creds["admin_password"], creds["api_key"]
-    info = {"url": url, "admin_user": user, "admin_password": password, "api_key": api_key, "model": "demo"}
-    run_file = STATE / "run.json"
-    run_file.write_text(json.dumps(info, indent=2))
-    run_file.chmod(0o600)
+    def answers():
+        status, body = http(f"{url}v1/chat/completions", api_key, probe, timeout=30)
+        if status == 200 and isinstance(body, dict) and body.get("choices"):
+            return True
+        error = body.get("error", {}).get("message") if isinstance(body, dict) else body
+        attempt["last"] = f"{status}: {error}"
+        if time.monotonic() > attempt["next_report"]:
+            attempt["next_report"] = time.monotonic() + 30
+            log(f"still waiting ({attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}")
+        return False
+
+    if not wait(answers, serve_timeout, sup, interval=1):
+        return failed(
+            f"the demo deployment did not answer a chat completion within {serve_timeout:g} s (last answer "
+            f"{attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}"
+        )
+    shown = password or "(changed since make run set it; `manage.py changepassword admin` sets one)"
     print(
         f"""
 Switchyard is running.
   console / API : {url}   (API docs: {url}api/docs/)
-  admin         : {user} / {password}
+  admin         : {user} / {shown}
   API key       : {api_key}
   management API: TOKEN=$(.venv/bin/python manage.py create_token {user})
                   curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
@@ -201,15 +417,12 @@ Switchyard is running.
 Try the demo model:
   curl {url}v1/chat/completions -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
     -d '{{"model": "demo", "messages": [{{"role": "user", "content": "What is the capital of Japan?"}}]}}'
-Press Ctrl-C to stop everything.""",
+A process that dies is restarted (see the logs in {logs_dir}). Press Ctrl-C to stop everything.""",
         flush=True,
     )
     while True:
-        for name, p in procs:
-            if p.poll() is not None:
-                log(f"{name} exited with code {p.returncode}; see {logs_dir / (name + '.log')}")
-                stop_all()
-        time.sleep(1)
+        sup.tick()
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""`make run`'s set-up, in one Django start-up: migrate; the admin user, its password and an API
+key, kept from the previous run while they still work; a management-API token for run.py's own
+polling; the demo model and the `demo` deployment.
+
+`python -m scripts.bootstrap` reads what the previous run wrote to run.json (a JSON object, or
+`null` when there is none) on stdin, so no secret is on a command line, and prints one JSON
+line: the credentials to use and `notes`, what it changed that the operator should know.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+
+ADMIN = "admin"
+KEY_NAME = "make-run"
+
+
+def ensure_admin(previous: dict | None) -> tuple[object, str | None, list[str]]:
+    """The admin user and its password. The one in run.json is kept; a user whose password was
+    changed since keeps the new one (None: make run cannot show it). Only without a run.json
+    is a password chosen."""
+    from django.contrib.auth import get_user_model
+
+    notes = []
+    remembered = (previous or {}).get("admin_password")
+    user, created = get_user_model().objects.get_or_create(username=ADMIN)
+    user.is_staff = user.is_superuser = True
+    if created or previous is None:
+        password = remembered or secrets.token_urlsafe(12)
+        user.set_password(password)
+        notes.append(f"created the admin user {ADMIN!r}" if created else f"set a new password for {ADMIN!r}")
+    elif remembered and user.check_password(remembered):
+        password = remembered
+    else:
+        password = None
+        notes.append(
+            f"the {ADMIN!r} password in run.json no longer works (changed since?); left as it is: "
+            f"`manage.py changepassword {ADMIN}` sets one"
+        )
+    user.save()
+    return user, password, notes
+
+
+def ensure_api_key(user, previous: dict | None) -> tuple[str, list[str]]:
+    """The API key in run.json if the gateway still accepts it for the demo deployment; else a
+    new one. A key is never revoked here: an application may be using it."""
+    from controlplane.gateway.services import authenticate, create_api_key
+
+    remembered = (previous or {}).get("api_key")
+    if remembered:
+        key = authenticate(remembered)
+        allowed = key is not None and (
+            not key.allowed_deployments.exists() or key.allowed_deployments.filter(slug="demo").exists()
+        )
+        if allowed:
+            return remembered, []
+    _, secret = create_api_key(name=KEY_NAME, owner=user)
+    if remembered:
+        return secret, [
+            f"ROTATED the API key: the one in run.json ({remembered[:12]}…) no longer authenticates "
+            f"(revoked or deleted?); made a new one ({secret[:12]}…): give it to the applications that used the old one"
+        ]
+    return secret, [f"created an API key ({secret[:12]}…)"]
+
+
+def ensure_demo(user) -> None:
+    """The demo model registered and valid, and the `demo` deployment wanted running."""
+    from controlplane.catalog.models import Model
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.deployments import services as deployments
+    from controlplane.deployments.models import Deployment
+    from workers.demo import MODEL_DIR
+
+    model = Model.objects.filter(name="demo").first() or register_model(name="demo", source=str(MODEL_DIR), actor=user)
+    model = validate_model(model.pk)
+    if model.status != "ready":
+        raise SystemExit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
+    demo = Deployment.objects.filter(slug="demo").first()
+    if demo is None:
+        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1}, actor=user)
+    elif demo.desired_state != "running":
+        deployments.start(demo, actor=user)
+
+
+def bootstrap(previous: dict | None) -> dict:
+    from controlplane.common.services import create_token, revoke_tokens
+
+    user, password, notes = ensure_admin(previous)
+    api_key, key_notes = ensure_api_key(user, previous)
+    ensure_demo(user)
+    # run.py's own token for polling the API; only its hash is kept, so a fresh one each run
+    # (tokens the operator made with create_token have other names and are left alone).
+    revoke_tokens(user, name=KEY_NAME)
+    _, token = create_token(user, name=KEY_NAME)
+    return {"admin_user": ADMIN, "admin_password": password, "api_key": api_key, "token": token,
+            "notes": notes + key_notes}  # fmt: skip
+
+
+def main() -> int:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    previous = json.loads(sys.stdin.read() or "null")
+    call_command("migrate", "--noinput", verbosity=0)
+    print(json.dumps(bootstrap(previous if isinstance(previous, dict) else None)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""`make run` keeps what it made (scripts/bootstrap.py): the admin password and API key in
+run.json are reused while they work; a key that no longer authenticates is replaced and said so,
+never one revoked; a password the operator changed is left alone."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from controlplane.gateway.models import ApiKey
+from controlplane.gateway.services import authenticate, create_api_key, revoke_api_key
+from scripts.bootstrap import ensure_admin, ensure_api_key
+
+pytestmark = pytest.mark.django_db
+
+
+def _first_run() -> dict:
+    user, password, notes = ensure_admin(None)
+    key, key_notes = ensure_api_key(user, None)
+    assert notes == ["created the admin user 'admin'"]
+    assert key_notes == [f"created an API key ({key[:12]}…)"]
+    return {"admin_user": "admin", "admin_password": password, "api_key": key}
+
+
+def test_a_second_run_reuses_the_password_and_the_key():
+    first = _first_run()
+    user, password, notes = ensure_admin(first)
+    key, key_notes = ensure_api_key(user, first)
+    assert (password, key, notes, key_notes) == (first["admin_password"], first["api_key"], [], [])
+    assert user.check_password(first["admin_password"]) and user.is_superuser
+    assert authenticate(first["api_key"]) is not None
+    assert ApiKey.objects.filter(owner=user).count() == 1
+
+
+def test_a_key_that_no_longer_authenticates_is_rotated_and_said_so():
+    first = _first_run()
+    user = get_user_model().objects.get(username="admin")
+    revoke_api_key(authenticate(first["api_key"]))
+    key, notes = ensure_api_key(user, first)
+    assert key != first["api_key"] and authenticate(key) is not None
+    assert len(notes) == 1 and notes[0].startswith("ROTATED the API key") and first["api_key"][:12] in notes[0]
+
+
+def test_a_key_limited_to_other_deployments_is_not_reused(model_dir):
+    from controlplane.catalog.services import register_model
+    from controlplane.deployments.services import create_deployment
+
+    user, _, _ = ensure_admin(None)
+    other = create_deployment({"slug": "other", "model": register_model(name="m", source=str(model_dir))})
+    _, limited = create_api_key(name="app", owner=user, allowed_deployments=[other])
+    key, notes = ensure_api_key(user, {"api_key": limited})
+    assert key != limited and notes[0].startswith("ROTATED")
+    assert authenticate(limited) is not None  # still the application's: never revoked here
+
+
+def test_a_password_the_operator_changed_is_left_alone():
+    first = _first_run()
+    user = get_user_model().objects.get(username="admin")
+    user.set_password("the operator's own")
+    user.save()
+    user, password, notes = ensure_admin(first)
+    assert password is None and "no longer works" in notes[0]
+    assert user.check_password("the operator's own")
+
+
+def test_without_a_run_json_an_existing_admin_gets_a_new_password():
+    first = _first_run()
+    user, password, notes = ensure_admin(None)
+    assert password and password != first["admin_password"] and user.check_password(password)
+    assert notes == ["set a new password for 'admin'"]
+
+
+def test_a_wiped_database_gets_the_remembered_password_back():
+    """run.json kept, database new (e.g. db.sqlite3 deleted): the same password, a new key."""
+    remembered = {"admin_password": "remembered-pw", "api_key": "sy-" + "x" * 43}
+    user, password, _ = ensure_admin(remembered)
+    key, notes = ensure_api_key(user, remembered)
+    assert password == "remembered-pw" and user.check_password("remembered-pw")
+    assert key != remembered["api_key"] and notes[0].startswith("ROTATED")
