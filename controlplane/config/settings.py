@@ -174,6 +174,10 @@ SWITCHYARD = {
     "REPLICA_MAX_RESTARTS": env.int("REPLICA_MAX_RESTARTS", default=5),
     "REPLICA_BACKOFF_SECONDS": env.float("REPLICA_BACKOFF_SECONDS", default=1.0),
     "REPLICA_STOP_TIMEOUT": env.float("REPLICA_STOP_TIMEOUT", default=10.0),
+    # A deployment gives up starting replicas after this many failed ones of its generation,
+    # counted since one of them was last ready for REPLICA_HEALTHY_SECONDS.
+    "REPLICA_FAILURE_BUDGET": env.int("REPLICA_FAILURE_BUDGET", default=3),
+    "REPLICA_HEALTHY_SECONDS": env.float("REPLICA_HEALTHY_SECONDS", default=300.0),
     # A CPU replica's KV cache budget, and its torch threads (0: torch's default).
     "REPLICA_CPU_KV_BYTES": env.int("REPLICA_CPU_KV_BYTES", default=512 << 20),
     "REPLICA_CPU_THREADS": env.int("REPLICA_CPU_THREADS", default=0),

@@ -64,6 +64,18 @@ class Deployment(models.Model):
     desired_state = models.CharField(max_length=8, choices=DesiredState.choices, default=DesiredState.RUNNING)
     generation = models.PositiveIntegerField(default=1, help_text="bumped by restart: older replicas are replaced")
     placement_error = models.TextField(blank=True, help_text="why replicas cannot be placed; empty when they can")
+    max_surge = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MaxValueValidator(16)],
+        help_text="replicas a restart or drain may start beyond `replicas` before old ones drain (0: replace in place)",
+    )
+    failed_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the reconciler gave up starting replicas; cleared by start or restart"
+    )
+    failed_reason = models.TextField(blank=True, help_text="why it gave up; empty while it has not")
+    failure_budget_reset_at = models.DateTimeField(
+        null=True, blank=True, help_text="failed replicas stopped before this no longer count against the budget"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -79,6 +91,13 @@ class Deployment(models.Model):
         if self.mode == self.Mode.DISAGGREGATED:
             return {Replica.Role.PREFILL: self.prefill_replicas, Replica.Role.DECODE: self.decode_replicas}
         return {Replica.Role.COLOCATED: self.replicas}
+
+    @property
+    def status(self) -> str:
+        """What an operator needs to know first: stopped, failed (gave up: restart it) or running."""
+        if self.desired_state != self.DesiredState.RUNNING:
+            return "stopped"
+        return "failed" if self.failed_at is not None else "running"
 
     @property
     def devices_per_replica(self) -> int:
@@ -118,6 +137,9 @@ class Replica(models.Model):
     log_tail = models.TextField(blank=True)
     load = models.JSONField(default=dict, blank=True, help_text="latest load report from the replica")
     progress = models.JSONField(default=dict, blank=True, help_text="loading stage and fraction, while starting")
+    drain_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="an operator asked to drain it: it drains once its replacement is ready"
+    )
     last_event_ns = models.BigIntegerField(
         default=0, help_text="when its agent sent the last message applied (older ones arrive late and are ignored)"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -36,7 +37,6 @@ TRANSITIONS: dict[str, set[str]] = {
     State.STOPPED: set(),
     State.FAILED: set(),
 }
-FAILED_REPLICAS_BEFORE_GIVING_UP = 3
 
 
 def send_start(replica: Replica) -> None:
@@ -155,6 +155,16 @@ def _locked(dep: Deployment) -> Deployment:
     return Deployment.objects.select_for_update().get(pk=dep.pk)
 
 
+def _clear_failure(dep: Deployment) -> dict:
+    """An operator's start or restart: the deployment tries again with a fresh failure budget."""
+    if dep.failed_at is None:
+        return {}
+    cleared = {"cleared_failure": dep.failed_reason}
+    dep.failed_at, dep.failed_reason, dep.failure_budget_reset_at = None, "", timezone.now()
+    dep.save(update_fields=["failed_at", "failed_reason", "failure_budget_reset_at", "updated_at"])
+    return cleared
+
+
 @transaction.atomic
 def start(dep: Deployment, actor=None) -> Deployment:
     dep = _locked(dep)
@@ -162,7 +172,7 @@ def start(dep: Deployment, actor=None) -> Deployment:
         dep.desired_state = Deployment.DesiredState.RUNNING
         dep.generation += 1  # a fresh start forgets earlier failures
         dep.save(update_fields=["desired_state", "generation", "updated_at"])
-    return _changed(dep, "start", actor)
+    return _changed(dep, "start", actor, _clear_failure(dep) or None)
 
 
 @transaction.atomic
@@ -175,27 +185,38 @@ def stop(dep: Deployment, actor=None) -> Deployment:
 
 @transaction.atomic
 def restart(dep: Deployment, actor=None) -> Deployment:
-    """Replace every replica with a new one (a new generation)."""
+    """Replace every replica with a new one (a new generation). The reconciler rolls: new
+    replicas start (up to `max_surge` beyond the desired count) and old ones drain as new ones
+    turn ready, so the deployment keeps answering."""
     dep = _locked(dep)
     dep.generation += 1
     dep.save(update_fields=["generation", "updated_at"])
-    return _changed(dep, "restart", actor, {"generation": dep.generation})
+    return _changed(dep, "restart", actor, {"generation": dep.generation, **_clear_failure(dep)})
 
 
 @transaction.atomic
 def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Replica]:
-    """Drain one replica (the reconciler then replaces it) or, without an id, every replica and
-    stop the deployment. Draining replicas finish in-flight requests and accept none."""
+    """Drain one replica or, without an id, every replica and stop the deployment. Draining
+    replicas finish in-flight requests and accept none. One ready replica is drained by the
+    reconciler once its replacement is ready (at once with `max_surge` 0, or once the deployment
+    has given up); one that serves nothing yet is drained now."""
     live = dep.replica_set.filter(state__in=Replica.ACTIVE_STATES)
     if replica_id is not None:
         live = live.filter(pk=replica_id)
-    targets = list(live.select_related("node"))
+    targets = list(live.select_related("node", "deployment"))
     if replica_id is not None and not targets:
         raise DomainError(f"deployment {dep.slug!r} has no live replica {replica_id}", "replica")
     if replica_id is None:
         dep.desired_state = Deployment.DesiredState.STOPPED
         dep.save(update_fields=["desired_state", "updated_at"])
-    drained = [r for r in (_stop_replica(r, reason="drain requested") for r in targets) if r is not None]
+    drained = []
+    for r in targets:
+        if replica_id is not None and r.state == State.READY:
+            r.drain_requested_at = timezone.now()
+            r.save(update_fields=["drain_requested_at"])
+            drained.append(r)
+        elif (stopped := _stop_replica(r, reason="drain requested")) is not None:
+            drained.append(stopped)
     _changed(dep, "drain", actor, {"replicas": [r.pk for r in drained]})
     return drained
 
@@ -304,42 +325,137 @@ def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
 
 
 def reconcile_deployment(dep: Deployment) -> dict:
-    """One deployment's pass; returns what it did (for logs and tests)."""
+    """One deployment's pass; returns what it did (for logs and tests).
+
+    Per role, replicas of an older generation and those an operator asked to drain are
+    *outgoing*: they keep serving while their replacements start (at most `max_surge` beyond
+    the desired count) and drain as replacements turn ready. Outgoing replicas that serve
+    nothing yet are stopped at once. Scaling down drains the least loaded replicas."""
     done = {"started": [], "stopped": [], "unplaced": 0}
     with transaction.atomic():
         dep = Deployment.objects.select_for_update().get(pk=dep.pk)
         live = list(dep.replica_set.select_related("node", "deployment").filter(state__in=Replica.ACTIVE_STATES))
         desired = dep.desired_counts()
         for r in live:
-            if r.role not in desired or r.generation != dep.generation:
-                _stop_replica(r, reason="not desired" if r.generation == dep.generation else "restart")
+            if r.role not in desired:
+                _stop_replica(r, reason="not desired")
                 done["stopped"].append(r.pk)
-        current = [r for r in live if r.role in desired and r.generation == dep.generation]
-        failed_recently = dep.replica_set.filter(generation=dep.generation, state=State.FAILED).count()
+        _reset_failure_budget(dep, live)
         for role, want in desired.items():
-            have = sorted((r for r in current if r.role == role), key=lambda r: r.pk)
-            for r in have[want:]:
-                _stop_replica(r, reason="scaled down")
-                done["stopped"].append(r.pk)
-            missing = want - len(have)
-            if missing > 0 and failed_recently >= FAILED_REPLICAS_BEFORE_GIVING_UP:
-                if not dep.replica_set.filter(generation=dep.generation, state=State.PENDING).exists():
-                    log.warning("%s: %d replicas failed; not starting more until restart", dep.slug, failed_recently)
-                continue
-            for _ in range(max(missing, 0)):
-                placement = _place(dep)
-                if placement is None:
-                    done["unplaced"] += 1
-                    continue
-                node, devices = placement
-                r = Replica.objects.create(deployment=dep, role=role, node=node, generation=dep.generation)
-                r.devices.set(devices)
-                record_event("replica.pending", r, actor_label="reconciler", data={"node": node.name})
-                _publish_replica(r)
-                send_start(r)
-                done["started"].append(r.pk)
+            _reconcile_role(dep, role, want, [r for r in live if r.role == role], done)
         _note_placement(dep, done["unplaced"])
     return done
+
+
+def _outgoing(dep: Deployment, r: Replica) -> str:
+    """Why `r` is to be replaced, or "" if it stays."""
+    if r.generation != dep.generation:
+        return "restart"
+    return "drain requested" if r.drain_requested_at else ""
+
+
+def _drain_order(r: Replica) -> tuple:
+    """Which replica to let go first: one serving nothing yet, then the least loaded (requests
+    running + waiting, from its heartbeat), then the newest (its prefix cache is the coldest)."""
+    load = r.load if isinstance(r.load, dict) else {}
+    try:
+        queued = int(load.get("running", 0)) + int(load.get("waiting", 0))
+    except (TypeError, ValueError):
+        queued = 0
+    return (r.state == State.READY, queued, -r.pk)
+
+
+def _reconcile_role(dep: Deployment, role: str, want: int, replicas: list[Replica], done: dict) -> None:
+    def let_go(r: Replica, reason: str) -> None:
+        _stop_replica(r, reason=reason)
+        done["stopped"].append(r.pk)
+
+    current = [r for r in replicas if not _outgoing(dep, r)]
+    outgoing = []
+    for r in replicas:
+        if _outgoing(dep, r):
+            # Not serving yet, or (given up) nothing will replace it: no reason to wait.
+            if r.state != State.READY or (dep.failed_at is not None and r.drain_requested_at):
+                let_go(r, _outgoing(dep, r))
+            else:
+                outgoing.append(r)
+    if len(current) > want:
+        extra = sorted(current, key=_drain_order)[: len(current) - want]
+        for r in extra:
+            let_go(r, "scaled down")
+        current = [r for r in current if r not in extra]
+
+    # Drain outgoing replicas while enough others are ready: with a surge, all `want`; without
+    # one, one replica may be missing at a time (replace in place).
+    ready = sum(r.state == State.READY for r in current) + len(outgoing)
+    excess = ready - max(want - (0 if dep.max_surge else 1), 0)
+    for r in sorted(outgoing, key=_drain_order)[: max(excess, 0)]:
+        let_go(r, _outgoing(dep, r))
+        outgoing.remove(r)
+
+    missing = want - len(current)
+    if missing <= 0 or not _budget_left(dep):
+        return
+    room = want + dep.max_surge - len(current) - len(outgoing)
+    unplaced = 0
+    for _ in range(max(min(missing, room), 0)):
+        placement = _place(dep)
+        if placement is None:
+            unplaced += 1
+            continue
+        node, devices = placement
+        r = Replica.objects.create(deployment=dep, role=role, node=node, generation=dep.generation)
+        r.devices.set(devices)
+        record_event("replica.pending", r, actor_label="reconciler", data={"node": node.name})
+        _publish_replica(r)
+        send_start(r)
+        done["started"].append(r.pk)
+    done["unplaced"] += unplaced
+    freeing = dep.replica_set.filter(role=role, state=State.DRAINING).exists()
+    if unplaced and outgoing and not freeing:
+        # No room for an extra replica, and none being freed: replace one in place, so that
+        # the rollout goes on (a one-replica deployment then has a gap).
+        r = min(outgoing, key=_drain_order)
+        let_go(r, f"{_outgoing(dep, r)}; no room to start its replacement first")
+
+
+def _reset_failure_budget(dep: Deployment, live: list[Replica]) -> None:
+    """Forgive the generation's failures once one of its replicas has been ready for
+    REPLICA_HEALTHY_SECONDS: failures before that moment no longer count."""
+    healthy = timedelta(seconds=settings.SWITCHYARD["REPLICA_HEALTHY_SECONDS"])
+    now = timezone.now()
+    marks = [
+        r.ready_at + healthy
+        for r in live
+        if r.generation == dep.generation and r.state == State.READY and r.ready_at and r.ready_at + healthy <= now
+    ]
+    mark = max(marks, default=None)
+    if mark is not None and (dep.failure_budget_reset_at is None or mark > dep.failure_budget_reset_at):
+        dep.failure_budget_reset_at = mark
+        dep.save(update_fields=["failure_budget_reset_at"])
+
+
+def _budget_left(dep: Deployment) -> bool:
+    """Whether the reconciler may start replicas; if not, the deployment has given up (a
+    `deployment.failed` event, once) until an operator starts or restarts it."""
+    if dep.failed_at is not None:
+        return False
+    failed = dep.replica_set.filter(generation=dep.generation, state=State.FAILED)
+    if dep.failure_budget_reset_at is not None:
+        failed = failed.filter(stopped_at__gt=dep.failure_budget_reset_at)
+    count = failed.count()
+    budget = settings.SWITCHYARD["REPLICA_FAILURE_BUDGET"]
+    if count < budget:
+        return True
+    dep.failed_at = timezone.now()
+    dep.failed_reason = f"{count} replicas of generation {dep.generation} failed (the failure budget is {budget})"
+    dep.save(update_fields=["failed_at", "failed_reason"])
+    log.warning("%s: %s", dep.slug, dep.failed_reason)
+    data = {"generation": dep.generation, "failed_replicas": count, "reason": dep.failed_reason}
+    record_event("deployment.failed", dep, actor_label="reconciler", data=data)
+    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation,
+                           "status": dep.status})  # fmt: skip
+    return False
 
 
 def _placement_problem(dep: Deployment) -> str:

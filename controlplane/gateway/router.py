@@ -94,6 +94,13 @@ async def choose(
         # late by a moment; look again briefly before refusing the request.
         await asyncio.sleep(STALE_RETRY_SECONDS)
         live = await _live(hub, ids)
+    if not live and deployment.failed_at is not None:  # gave up: waiting will not help
+        raise OpenAIError(
+            503,
+            f"Deployment '{deployment.slug}' has failed: {deployment.failed_reason}. It is not retrying;"
+            f" an operator must restart it (POST /api/v1/deployments/{deployment.slug}/restart/).",
+            code="deployment_failed",
+        )
     if not live:
         raise OpenAIError(
             503,

@@ -47,6 +47,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "log_tail",
             "load",
             "progress",
+            "drain_requested_at",
             "created_at",
             "started_at",
             "ready_at",
@@ -66,6 +67,11 @@ class DeploymentSerializer(serializers.ModelSerializer):
         slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
     )
     replica_states = serializers.SerializerMethodField()
+    status = serializers.ChoiceField(
+        choices=["running", "stopped", "failed"],
+        read_only=True,
+        help_text="failed: the reconciler gave up starting replicas (see failed_reason) until start or restart",
+    )
 
     class Meta:
         model = Deployment
@@ -86,19 +92,26 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "speculative_method",
             "draft_model",
             "speculative_k",
+            "max_surge",
             "desired_state",
+            "status",
             "generation",
             "replica_states",
             "placement_error",
+            "failed_at",
+            "failed_reason",
             "created_at",
             "updated_at",
         ]
         read_only_fields = [
             "id",
             "desired_state",
+            "status",
             "generation",
             "replica_states",
             "placement_error",
+            "failed_at",
+            "failed_reason",
             "created_at",
             "updated_at",
         ]

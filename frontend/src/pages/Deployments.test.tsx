@@ -1,13 +1,13 @@
 import { cleanup, render, screen } from "@testing-library/react";
 import { MemoryRouter, Route, Routes } from "react-router-dom";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { DeploymentDetail } from "./Deployments";
+import { DeploymentDetail, Deployments } from "./Deployments";
 
-const deployment = vi.hoisted(() => ({ current: {} as Record<string, unknown> }));
+const deployment = vi.hoisted(() => ({ current: {} as Record<string, unknown>, rows: [] as Record<string, unknown>[] }));
 vi.mock("../lib/api", async (original) => ({
   ...(await original<typeof import("../lib/api")>()),
   api: vi.fn(async () => deployment.current),
-  list: vi.fn(async () => []),
+  list: vi.fn(async (path: string) => (path === "deployments/" ? deployment.rows : [])),
 }));
 
 function renderDetail() {
@@ -38,5 +38,25 @@ describe("deployment page", () => {
     renderDetail();
     await screen.findByTestId("desired");
     expect(screen.queryByTestId("placement-error")).toBeNull();
+    expect(screen.queryByTestId("failed")).toBeNull();
+  });
+
+  it("says a deployment that gave up has failed and must be restarted", async () => {
+    const reason = "3 replicas of generation 2 failed (the failure budget is 3)";
+    deployment.current = { ...base, status: "failed", failed_reason: reason, placement_error: "" };
+    renderDetail();
+    const note = await screen.findByTestId("failed");
+    expect(note.textContent).toBe(`Failed: ${reason}. No replicas are started until you restart it (or start it).`);
+  });
+
+  it("lists a failed deployment as failed", async () => {
+    deployment.rows = [
+      { ...base, slug: "ok", status: "running", replica_states: { ready: 1 } },
+      { ...base, slug: "bad", status: "failed", failed_reason: "3 replicas of generation 1 failed", replica_states: {} },
+    ];
+    render(<MemoryRouter><Deployments /></MemoryRouter>);
+    const statuses = await screen.findAllByTestId("status");
+    expect(statuses.map((s) => s.textContent?.trim())).toEqual(["running", "failed"]);
+    expect(statuses[1].className).toBe("error");
   });
 });

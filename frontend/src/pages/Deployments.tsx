@@ -34,14 +34,16 @@ export function Deployments() {
     <>
       <h1>Deployments</h1>
       <table>
-        <thead><tr><th>Name</th><th>Model</th><th>Mode</th><th>Desired</th><th>Replicas</th></tr></thead>
+        <thead><tr><th>Name</th><th>Model</th><th>Mode</th><th>Status</th><th>Replicas</th></tr></thead>
         <tbody>
           {rows.map((d) => (
             <tr key={d.slug} data-deployment={d.slug}>
               <td><Link to={`/deployments/${d.slug}`}>{d.slug}</Link></td>
               <td>{d.model}</td>
               <td>{d.mode}</td>
-              <td>{d.desired_state}</td>
+              <td className={d.status === "failed" ? "error" : undefined} data-testid="status" title={d.failed_reason || undefined}>
+                {d.status ?? d.desired_state}
+              </td>
               <td className="states">{Object.entries(d.replica_states ?? {}).map(([s, n]) => `${n} ${s}`).join(", ") || "none"}</td>
             </tr>
           ))}
@@ -110,13 +112,21 @@ export function DeploymentDetail() {
   return (
     <>
       <h1>{dep.slug}</h1>
-      <p>Model {dep.model} · {dep.mode} · desired <strong data-testid="desired">{dep.desired_state}</strong> · generation {dep.generation}</p>
+      <p>
+        Model {dep.model} · {dep.mode} · desired <strong data-testid="desired">{dep.desired_state}</strong> · generation {dep.generation}
+        {" "}· surge {dep.max_surge ?? 1}
+      </p>
       <p>
         <button onClick={() => act("start")}>Start</button> <button onClick={() => act("stop")}>Stop</button>{" "}
         <button onClick={scale}>Scale</button> <button onClick={() => act("drain")}>Drain</button>{" "}
         <button onClick={() => act("restart")}>Restart</button>
       </p>
       {error && <p className="error" role="alert">{error}</p>}
+      {dep.status === "failed" && (
+        <p className="error" role="status" data-testid="failed">
+          Failed: {dep.failed_reason}. No replicas are started until you restart it (or start it).
+        </p>
+      )}
       {dep.placement_error && <p className="error" data-testid="placement-error">Cannot place replicas: {dep.placement_error}</p>}
       {["colocated", "prefill", "decode"].map((role) => {
         const rs = live.filter((r) => r.role === role);
@@ -130,7 +140,7 @@ export function DeploymentDetail() {
                 {rs.map((r) => (
                   <tr key={r.id} data-replica={r.id}>
                     <td>{r.id}</td>
-                    <td>{r.state}</td>
+                    <td>{r.state}{r.drain_requested_at && r.state === "ready" ? " (drains once replaced)" : ""}</td>
                     <td>{r.node}</td>
                     <td className="muted">
                       {r.load?.running ?? 0} running, {r.load?.waiting ?? 0} waiting, {r.load?.tokens_per_second ?? 0} tok/s,

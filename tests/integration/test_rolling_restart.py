@@ -1,0 +1,141 @@
+"""A restart without downtime, through real processes: uvicorn (gateway), the control Celery
+worker, Celery beat (the periodic reconcile that drains the old replica once its replacement is
+ready), a node agent, and replica processes with the demo model. A steady client keeps asking
+while the one-replica deployment is restarted; not one request fails."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.support.stack import processes, stack_env, wait_for
+from workers.bench.processes import free_port
+from workers.demo import MODEL_DIR
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
+
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.common.services import create_token
+    from controlplane.deployments.models import Replica
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+    from controlplane.inventory.models import Node
+
+    state = tmp_path_factory.mktemp("rolling")
+    node, port = f"roll-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1", RECONCILE_INTERVAL="1")
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create_user("rolling-owner", is_staff=True)
+        model = validate_model(register_model(name="demo-rolling", source=str(MODEL_DIR)).pk)
+        assert model.status == "ready", model.status_message
+        with processes(state, node, env, web_port=port, beat=True):
+            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
+            deployment = create_deployment({"slug": "roll", "model": model, "replicas": 1, "max_num_seqs": 8})
+            _, key = create_api_key(name="rolling", owner=owner)
+            _, token = create_token(owner, name="rolling")
+            replica = wait_for(
+                lambda: Replica.objects.filter(deployment=deployment, state="ready").first(), 90, "the replica"
+            )
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _up(base), 30, "the web server")
+            yield {"base": base, "key": key, "token": token, "replica": replica, "state": state}
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class SteadyClient(threading.Thread):
+    """Short greedy requests one after another until stopped (or a bounded count/time); every
+    answer that is not a 200 with content is an error."""
+
+    def __init__(self, base: str, key: str, limit: int = 2000, seconds: float = 240):
+        super().__init__(daemon=True)
+        self.base, self.key, self.limit, self.seconds = base, key, limit, seconds
+        self.halt = threading.Event()
+        self.served: list[int] = []  # the replica of each answer, in order
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        body = {"model": "roll", "messages": QUESTION, "temperature": 0, "max_tokens": 4}
+        headers = {"Authorization": f"Bearer {self.key}"}
+        with httpx.Client(base_url=self.base, headers=headers, timeout=60) as http:
+            while not self.halt.is_set() and len(self.served) + len(self.errors) < self.limit:
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    r = http.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                if r.status_code == 200 and r.json()["choices"][0]["message"]["content"]:
+                    self.served.append(int(r.headers["x-switchyard-replica"]))
+                else:
+                    self.errors.append(f"{r.status_code}: {r.text[:300]}")
+
+    def count_from(self, replica_id: int) -> int:
+        return self.served.count(replica_id)
+
+
+def test_a_one_replica_deployment_restarted_under_a_steady_client_loses_no_request(stack):
+    from controlplane.deployments.models import Replica
+
+    old = stack["replica"]
+    client = SteadyClient(stack["base"], stack["key"])
+    client.start()
+    try:
+        wait_for(lambda: client.count_from(old.pk) >= 3 or client.errors, 60, "answers from the replica")
+        restarted = httpx.post(
+            f"{stack['base']}/api/v1/deployments/roll/restart/",
+            headers={"Authorization": f"Bearer {stack['token']}"},
+            timeout=30,
+        )
+        assert restarted.status_code == 200 and restarted.json()["generation"] == 2
+
+        new = wait_for(
+            lambda: Replica.objects.filter(deployment__slug="roll", generation=2, state="ready").first(),
+            120,
+            "the new replica to be ready",
+        )
+        # While the new one loaded, the old one kept answering (and still does until it drains).
+        wait_for(
+            lambda: Replica.objects.filter(pk=old.pk, state="stopped").exists() or client.errors,
+            60,
+            "the old replica to drain and stop",
+        )
+        answered_by_new = client.count_from(new.pk)
+        wait_for(
+            lambda: client.count_from(new.pk) >= answered_by_new + 3 or client.errors,
+            60,
+            "answers from the new replica after the old one stopped",
+        )
+    finally:
+        client.halt.set()
+        client.join(timeout=90)
+    assert not client.is_alive()
+    assert client.errors == [], client.errors[:5]
+    assert client.count_from(old.pk) >= 3 and client.count_from(new.pk) >= 3
+    # Replaced, not restarted in place: the old process drained and stopped.
+    old = Replica.objects.get(pk=old.pk)
+    assert old.state == "stopped" and old.pid is None
+    assert "drained and stopped" in (stack["state"] / "logs" / f"replica-{old.pk}.log").read_text()
+    # Served by the old replica, then (once the new one was ready) by either, finally by the new.
+    assert client.served[0] == old.pk and client.served[-1] == new.pk
+    assert set(client.served) == {old.pk, new.pk}
