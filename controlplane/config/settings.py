@@ -128,7 +128,7 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.common.schema.AutoSchema",  # with the error responses
     "EXCEPTION_HANDLER": "controlplane.common.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
         "controlplane.common.parsers.JSONParser",  # within MAX_REQUEST_BYTES and MAX_JSON_DEPTH

@@ -4,7 +4,8 @@ from controlplane.inventory.models import Device, Node
 
 
 def node_list():
-    return Node.objects.annotate(device_count=Count("devices")).prefetch_related("devices")
+    # No annotation: Django drops Meta.ordering from a GROUP BY query, and pages need an order.
+    return Node.objects.prefetch_related("devices")
 
 
 def device_list():

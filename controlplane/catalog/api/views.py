@@ -1,17 +1,21 @@
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.response import Response
 
 from controlplane.catalog import services
 from controlplane.catalog.api.serializers import ModelSerializer
 from controlplane.catalog.selectors import model_list
+from controlplane.common.schema import ErrorSerializer
 
 
 @extend_schema_view(
     list=extend_schema(operation_id="models_list"),
     retrieve=extend_schema(operation_id="models_retrieve"),
     create=extend_schema(operation_id="models_create"),
-    destroy=extend_schema(operation_id="models_destroy"),
+    destroy=extend_schema(
+        operation_id="models_destroy",
+        responses={204: None, 400: OpenApiResponse(ErrorSerializer, description="a deployment uses the model")},
+    ),
 )
 class ModelViewSet(viewsets.ModelViewSet):
     serializer_class = ModelSerializer

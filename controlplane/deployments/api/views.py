@@ -69,7 +69,8 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         return self._respond(services.update_deployment(self.get_object(), body.validated_data, actor=request.user))
 
     @extend_schema(operation_id="deployments_drain", request=DrainSerializer, responses=ReplicaSerializer(many=True))
-    @action(detail=True, methods=["post"])
+    # The replicas it drained, all of them: neither filtered nor paginated like the list.
+    @action(detail=True, methods=["post"], filter_backends=[], pagination_class=None)
     def drain(self, request, slug=None):
         body = DrainSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -1,11 +1,12 @@
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.common import redis as redis_client
+from controlplane.common.schema import ErrorSerializer
 from controlplane.deployments.models import Deployment
 from controlplane.telemetry.history import HISTORY_SECONDS, history
 
@@ -21,7 +22,16 @@ class MetricsHistoryView(APIView):
             OpenApiParameter("deployment", str, required=True),
             OpenApiParameter("seconds", int, required=False, description=f"at most {HISTORY_SECONDS}"),
         ],
-        responses={200: OpenApiTypes.OBJECT},
+        responses={
+            200: inline_serializer(
+                "MetricsHistory",
+                {
+                    "deployment": serializers.CharField(),
+                    "points": serializers.ListField(child=serializers.DictField(), help_text="oldest first"),
+                },
+            ),
+            404: ErrorSerializer,  # no such deployment (a 400 without one: common.schema adds it)
+        },
     )
     def get(self, request):
         slug = request.query_params.get("deployment")
