@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from redis.exceptions import RedisError
 
 from controlplane.gateway import generation
 from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_json
@@ -112,6 +113,8 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                     await self.send_json(done)
         except OpenAIError as exc:
             await self._error(rid, exc)
+        except RedisError as exc:  # the broker went away: this request ends cleanly, the socket stays
+            await self._error(rid, generation.broker_unavailable(exc))
         finally:
             if gen is not None:
                 await gen.close()

@@ -129,6 +129,8 @@ class Generation:
             while not self.stream.finished:
                 event = await self.stream.next_event()
                 if event.get("type") == "error":
+                    if event.get("broker_lost"):
+                        raise broker_unavailable(event["message"])
                     if event.get("replica_lost") and await self._resume(event):
                         continue
                     raise OpenAIError(502, event.get("message", "replica error"), code="replica_error")
@@ -145,6 +147,8 @@ class Generation:
                 if self.progress is not None:
                     self.progress.observe(event)
                 yield event
+        except RedisError as exc:  # the broker went away under the request: a clean end
+            raise broker_unavailable(exc) from None
         finally:
             await self.stream.close()
 
@@ -203,6 +207,11 @@ class Generation:
 
     async def close(self) -> None:
         await self.stream.close()
+
+
+def broker_unavailable(exc: Exception | str) -> OpenAIError:
+    return OpenAIError(503, f"The request broker is unavailable ({exc}); retry shortly.",
+                       code="broker_unavailable", headers={"Retry-After": "2"})  # fmt: skip
 
 
 async def _place(

@@ -19,12 +19,16 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from controlplane.gateway.dispatched import Dispatched
 from workers.replica import protocol
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK_SECONDS = 0.5
+# A request waits this long for the reply channel to be (re)subscribed before it is refused.
+SUBSCRIBE_WAIT_SECONDS = 5.0
 # Requests wait for a free connection rather than fail when thousands of streams are open.
 MAX_CONNECTIONS = 64
 
@@ -71,8 +75,13 @@ class RequestStream:
             if not self.finished:
                 self.finished = True
                 await self.hub.abort(self.replica_id, self.request_id)
+        except RedisError as exc:  # Redis is away: the replica aborts its requests itself
+            log.warning("could not abort %s: %s", self.request_id, exc)
         finally:
-            await self.hub.dispatched.done(self.request_id)
+            try:
+                await self.hub.dispatched.done(self.request_id)
+            except RedisError as exc:  # its entry expires by itself
+                log.warning("could not uncount %s: %s", self.request_id, exc)
 
 
 class ReplicaHub:
@@ -92,11 +101,17 @@ class ReplicaHub:
         self._liveness: dict[int, tuple[float, dict]] = {}
 
     async def start(self) -> None:
+        """Start listening (once) and wait until replies can be received: a request sent while
+        the reply channel is not subscribed could lose its answer and wait forever."""
         if self._listener is None:
             loop = asyncio.get_running_loop()
             self._listener = loop.create_task(self._listen(), name="replica-hub")
             self._refresher = loop.create_task(self.dispatched.keep_fresh(), name="dispatched-refresh")
-        await self._subscribed.wait()
+        try:
+            async with asyncio.timeout(SUBSCRIBE_WAIT_SECONDS):
+                await self._subscribed.wait()
+        except TimeoutError:
+            raise RedisConnectionError("the reply channel is not subscribed (Redis unreachable)") from None
 
     async def _listen(self) -> None:
         while True:
@@ -116,12 +131,22 @@ class ReplicaHub:
                         queue.put_nowait(event)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a dropped connection: resubscribe; streams notice a dead replica themselves
-                log.exception("reply listener failed; resubscribing")
+            except Exception as exc:  # a dropped connection: what was published meanwhile is lost
+                self._subscribed.clear()
+                self._fail_open_streams(exc)
+                log.warning("reply listener lost Redis (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+
+    def _fail_open_streams(self, exc: Exception) -> None:
+        """Every request waiting for replies may have lost some: end each with an error event
+        (the gateway answers its client cleanly; the replica aborts it when it finds Redis gone
+        or when the gateway's abort arrives)."""
+        for request_id, queue in list(self.queues.items()):
+            queue.put_nowait({"id": request_id, "type": "error", "status": 503, "broker_lost": True,
+                              "message": f"lost the connection to the request broker ({exc})"})  # fmt: skip
 
     async def submit(self, replica_id: int, request_id: str, message: dict, incarnation: str | None) -> RequestStream:
         await self.start()

@@ -51,8 +51,7 @@ def openai_view(methods: tuple[str, ...]):
                 return error_response(exc)
             except redis.RedisError as exc:
                 log.exception("Redis failed under %s", request.path)
-                return error_response(OpenAIError(503, f"The request broker is unavailable ({exc}); retry shortly.",
-                                                  code="broker_unavailable", headers={"Retry-After": "2"}))  # fmt: skip
+                return error_response(generation.broker_unavailable(exc))
 
         handler.__name__ = view.__name__
         handler.__doc__ = view.__doc__

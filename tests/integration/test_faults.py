@@ -1,0 +1,194 @@
+"""Faults through the real stack (uvicorn, control worker, node agent, demo-model replicas) on
+its own redis-server, so that Redis itself can be stopped (the machine's never is):
+
+- the node agent is SIGKILLed under 20 streams: none is lost (replicas outlive their agent, and
+  the next agent adopts them);
+- Redis is killed under a stream and started again, empty: the stream ends with an OpenAI error
+  event and [DONE], never cut, and new requests are served again once Redis is back.
+(Replica SIGKILL and SIGSTOP under 20 streams: tests/integration/test_failover.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+
+import httpx
+import pytest
+import redis
+
+from tests.support.stack import pid_alive, processes, stack_env, start_agent, stop, wait_for
+from workers.bench.processes import free_port
+from workers.demo import MODEL_DIR
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
+
+
+class RedisServer:
+    def __init__(self):
+        self.port, self.process = free_port(), None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+
+        def up():
+            try:
+                return client.ping()
+            except redis.ConnectionError:
+                return False
+
+        wait_for(up, 10, "redis-server")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def platform(tmp_path):
+    """The stack on its own Redis, with the `demo` deployment (`replicas` ready) and an API key."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.common.services import create_token
+    from controlplane.gateway.services import create_api_key
+    from controlplane.inventory.models import Node
+
+    server = RedisServer()
+    server.start()
+    node, port = f"faults-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(tmp_path, REDIS_URL=server.url, CELERY_BROKER_URL=server.url, REPLICA_CPU_THREADS="1",
+                    CHANNELS_PREFIX=f"faults-{node}")  # fmt: skip
+    owner = get_user_model().objects.create_user("faults", is_staff=True)
+    model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+    _, key = create_api_key(name="k", owner=owner)
+    token = create_token(owner)[1]
+    try:
+        with processes(tmp_path, node, env, web_port=port) as procs:
+            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
+            yield {"base": f"http://127.0.0.1:{port}", "key": key, "model": model, "node": node, "env": env,
+                   "procs": procs, "redis": server, "state": tmp_path, "token": token}  # fmt: skip
+    finally:
+        server.kill()
+
+
+def _deploy(platform, replicas: int):
+    """Through the management API: the web process's Celery app (unlike this process's) sends
+    the reconcile to this stack's Redis."""
+    from controlplane.deployments.models import Replica
+
+    body = {"slug": "demo", "model": platform["model"].name, "replicas": replicas, "max_num_seqs": 32}
+    created = httpx.post(f"{platform['base']}/api/v1/deployments/", json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {platform['token']}"})  # fmt: skip
+    assert created.status_code == 201, created.text
+    dep = created.json()["slug"]
+    return wait_for(
+        lambda: (
+            (rs := list(Replica.objects.filter(deployment__slug=dep, state="ready"))) and len(rs) == replicas and rs
+        ),
+        120,
+        "the replicas to be ready",
+    )
+
+
+async def _stream(base: str, key: str, max_tokens: int, started: asyncio.Event | None = None) -> dict:
+    """One streamed chat completion: its text, the error event if any, and whether [DONE] came."""
+    body = {"model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    out = {"text": "", "error": None, "done": False}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        httpx.AsyncClient(timeout=120) as client,
+        client.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                out["error"] = chunk["error"]
+                continue
+            for choice in chunk.get("choices", []):
+                out["text"] += choice["delta"].get("content") or ""
+                if out["text"] and started is not None:
+                    started.set()
+    return out
+
+
+def test_agent_killed_under_twenty_streams_loses_none(platform):
+    replicas = _deploy(platform, 2)
+    base, key = platform["base"], platform["key"]
+    undisturbed = asyncio.run(_stream(base, key, 48))
+    assert undisturbed["done"] and not undisturbed["error"]
+
+    async def run():
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(_stream(base, key, 48, started)) for _ in range(20)]
+        await asyncio.wait_for(started.wait(), 60)
+        agent = platform["procs"][1]
+        agent.kill()  # SIGKILL, mid-stream
+        agent.wait()
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(run())
+    assert [r["error"] for r in results] == [None] * 20
+    assert all(r["done"] and r["text"] == undisturbed["text"] for r in results)
+    assert all(pid_alive(r.pid) for r in replicas)  # the replicas outlived their agent
+
+    agent, agent_log = start_agent(platform["state"], platform["node"], platform["env"], log_name="agent-2")
+    try:
+        adopted = sorted(r.pk for r in replicas)
+        wait_for(
+            lambda: f"adopted replicas {adopted}" in (platform["state"] / "agent-2.log").read_text(), 60, "adoption"
+        )
+        again = asyncio.run(_stream(base, key, 8))
+        assert again["done"] and not again["error"]
+    finally:
+        stop([agent], [agent_log])
+
+
+def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
+    _deploy(platform, 1)
+    base, key, server = platform["base"], platform["key"], platform["redis"]
+
+    async def run():
+        started = asyncio.Event()
+        task = asyncio.create_task(_stream(base, key, 100_000, started))  # runs until Redis goes away
+        await asyncio.wait_for(started.wait(), 60)
+        server.kill()
+        return await asyncio.wait_for(task, 60)
+
+    cut = asyncio.run(run())
+    assert cut["done"], "the stream was cut without [DONE]"
+    assert cut["error"]["code"] == "broker_unavailable" and cut["text"]
+
+    server.start()  # back, and empty
+
+    last = []
+
+    def served():
+        try:
+            result = asyncio.run(asyncio.wait_for(_stream(base, key, 8), 30))
+        except (AssertionError, httpx.HTTPError, TimeoutError) as exc:
+            last[:] = [repr(exc)]
+            return None
+        last[:] = [result]
+        return result if result["done"] and not result["error"] else None
+
+    try:
+        assert wait_for(served, 60, "a request to be served after Redis returned", interval=0.5)["text"]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last attempt: {last}") from None
