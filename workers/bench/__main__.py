@@ -36,7 +36,24 @@ def main(argv=None) -> int:
         help="the decode replica prefills shorter prompts itself (the product default)",
     )
     pd.add_argument("--json", action="store_true", help="print only the JSON line")
+    ch = sub.add_parser("chaos", help="steady load while replicas, the agent, the control worker and Redis fail")
+    ch.add_argument("--clients", type=int, default=20, help="concurrent looping clients during the faults")
+    ch.add_argument("--tokens", type=int, default=24, help="tokens per request of the steady load")
+    ch.add_argument(
+        "--faults",
+        default="replica_kill,replica_hang,agent_kill,control_kill,redis_outage",
+        help="which faults, in order, comma-separated",
+    )
+    ch.add_argument("--hang-seconds", type=float, default=5.0, help="REPLICA_HANG_SECONDS for the stack")
+    ch.add_argument("--streams", type=int, default=1000, help="concurrent streams held at the end (0: skip)")
+    ch.add_argument("--stream-tokens", type=int, default=16, help="tokens per concurrent stream")
+    ch.add_argument("--keep", action="store_true", help="keep the state directory and logs")
+    ch.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "chaos":
+        from workers.bench.chaos import run
+
+        return run(args)
     if args.name == "pd":
         from workers.bench.pd import run
 
