@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
+from django.core.validators import slug_re
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -74,7 +75,9 @@ def visible_deployments(caller: Caller) -> list[Deployment]:
 
 
 def _resolve(name: str, caller: Caller) -> Deployment:
-    deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
+    deployment = None
+    if slug_re.match(name):  # any other name is no deployment's (and a NUL in it would fail the query)
+        deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
     if deployment is None:
         raise OpenAIError(404, f"The model '{name}' does not exist (see GET /v1/models).", "model", "model_not_found")
     if caller.allowed is not None and deployment.pk not in caller.allowed:

@@ -322,6 +322,7 @@ async def _completion_stream(req, gen):
             yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
 
 
+@csrf_exempt  # like every /v1 view: an unknown path is a 404 whatever the method, never a CSRF page
 def not_found(request, path: str = ""):
     exc = OpenAIError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url")
     return HttpResponse(json.dumps(exc.body()), status=404, content_type="application/json")

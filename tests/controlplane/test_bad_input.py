@@ -158,7 +158,31 @@ def test_v1_huge_seed_is_a_400_before_any_replica_is_involved(client, api_key):
     assert_openai_error(post_v1(client, api_key, raw), 400, "invalid_value", "seed")
 
 
+@pytest.mark.parametrize(
+    "body", [chat(model="a\u0000b"), {"model": "\u0000", "prompt": "hi"}], ids=["chat", "completion"]
+)
+def test_v1_a_model_name_with_a_nul_is_no_such_model(client, api_key, body):
+    """Not a slug, so no deployment's name: a 404, not the database refusing the lookup (a 500)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    assert_openai_error(post_v1(client, api_key, json.dumps(body).encode(), path), 404, "model_not_found", "model")
+    response = client.get("/v1/models/a%00b", HTTP_AUTHORIZATION=f"Bearer {api_key}")
+    assert_openai_error(response, 404, "model_not_found", "model")
+
+
 # -- /api/v1 (DRF) ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "path", "data"),
+    [
+        ("get", "/api/v1/deployments/a%00b/", None),  # a slug lookup from the path
+        ("get", "/api/v1/telemetry/history/?deployment=a%00b", None),  # from the query
+        ("post", "/api/v1/deployments/", {"slug": "d", "model": "a\x00b"}),  # a related slug, from a form
+    ],
+)
+def test_api_a_nul_the_database_refuses_is_a_drf_400(staff_client, method, path, data):
+    response = getattr(staff_client, method)(path, data)
+    assert response.status_code == 400 and "database refuses" in response.json()["detail"], response.content
+
+
 def test_api_deep_nesting_is_a_drf_400(staff_client):
     response = staff_client.post("/api/v1/cache-policies/", DEEP, content_type="application/json")
     assert response.status_code == 400
