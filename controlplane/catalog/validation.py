@@ -1,7 +1,7 @@
 """Inspect a Hugging Face model directory without importing torch (the web process stays light).
 
 The directory layout (config.json, supported architecture, weight files) is checked by
-`workers.model_files`, the same code the engine loads with; here we add the safetensors
+`workers.protocol.model_files`, the same code the engine loads with; here we add the safetensors
 headers (for the parameter count), the tokenizer check, the checksum, and the model roots a
 directory must be under (MODEL_ROOTS).
 """
@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.model_files import (
+from workers.protocol.model_files import (
     ModelDirectoryError,
     architecture,
     local_files,

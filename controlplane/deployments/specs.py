@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from controlplane.deployments.models import Replica
-from workers.replica.protocol import ReplicaSpec
+from workers.protocol.replica import ReplicaSpec
 
 
 def build_spec(replica: Replica) -> ReplicaSpec:

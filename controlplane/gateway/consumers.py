@@ -104,10 +104,10 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                         await self.send_json({"type": "tool_call", "id": rid, "tool_call": piece.as_openai()})
                     elif piece:
                         await self.send_json({"type": "token", "id": rid, "text": piece})
-                if event.get("finish_reason"):
-                    reason = finish_reason(event["finish_reason"], bool(shaper.calls))
-                    done = {"type": "done", "id": rid, "finish_reason": reason, "usage": event["usage"],
-                            "timings": {**gen.timings(), "replica": event.get("timings")}}  # fmt: skip
+                if event.final:
+                    reason = finish_reason(event.finish_reason, bool(shaper.calls))
+                    done = {"type": "done", "id": rid, "finish_reason": reason, "usage": event.usage,
+                            "timings": {**gen.timings(), "replica": event.timings}}  # fmt: skip
                     if gen.resumed:  # it moved to another replica mid-request (see failover.py)
                         done["resumed"] = gen.resumed
                     await self.send_json(done)

@@ -20,7 +20,7 @@ it off; a request is resumed at most MAX_RESUMES times.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
@@ -28,6 +28,7 @@ from django.conf import settings
 
 from controlplane.deployments.models import Deployment
 from controlplane.events.services import record_event
+from workers.protocol.replica import DeltaEvent, GenerateMessage, Resume
 
 log = logging.getLogger(__name__)
 MAX_RESUMES = 2
@@ -50,23 +51,26 @@ class Progress:
     resumed: list[dict] = field(default_factory=list)  # {"from_replica", "to_replica", "after_tokens"}
     failed_replicas: set[int] = field(default_factory=set)
 
-    def observe(self, event: dict) -> None:
-        if event.get("type") == "delta":
-            self.output_ids += event.get("token_ids") or []
-            self.text_sent += len(event.get("text") or "")
+    def observe(self, event: DeltaEvent) -> None:
+        self.output_ids += event.token_ids
+        self.text_sent += len(event.text)
 
     def can_resume(self) -> bool:
         return len(self.resumed) < MAX_RESUMES and (not self.output_ids or self.prompt_ids is not None)
 
-    def message(self, original: dict) -> dict:
+    def message(self, original: GenerateMessage) -> GenerateMessage:
         """The replica message that continues the request `original` began."""
         if not self.output_ids:  # nothing generated yet: the request as it was
-            return dict(original)
-        dropped = ("messages", "tools", "prompt", "prompt_token_ids", "return_prompt_token_ids")
-        message = {k: v for k, v in original.items() if k not in dropped}
-        message["prompt_token_ids"] = [*self.prompt_ids, *self.output_ids]
-        message["resume"] = {"output_tokens": len(self.output_ids), "text_sent": self.text_sent}
-        return message
+            return replace(original)
+        return replace(
+            original,
+            messages=None,
+            tools=None,
+            prompt=None,
+            prompt_token_ids=[*self.prompt_ids, *self.output_ids],
+            return_prompt_token_ids=False,
+            resume=Resume(len(self.output_ids), self.text_sent),
+        )
 
 
 async def count(client: aioredis.Redis, deployment: Deployment, outcome: str) -> None:

@@ -14,8 +14,8 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 
 from asgiref.sync import sync_to_async
 from django.core.validators import slug_re
@@ -24,10 +24,11 @@ from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import failover, ratelimit, router
-from controlplane.gateway.hub import ReplicaHub, RequestStream, get_hub
+from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai_request import GenerationRequest, OpenAIError
 from controlplane.gateway.services import authenticate
+from workers.protocol.replica import AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
 
 ATTEMPTS = 3
 
@@ -113,7 +114,7 @@ class Generation:
     # Disaggregated: the prefill replica computing the prompt (None: the decode replica does).
     # From `accepted` (the prompt was handed over), then from the last event (it really was).
     prefill_replica: int | None = None
-    message: dict = field(default_factory=dict)  # what the first replica was sent
+    message: GenerateMessage = field(default_factory=GenerateMessage)  # what the first replica was sent
     progress: failover.Progress | None = None  # None: failover is off
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
@@ -124,26 +125,28 @@ class Generation:
         """Each move to another replica: {"from_replica", "to_replica", "after_tokens"}."""
         return self.progress.resumed if self.progress is not None else []
 
-    async def events(self):
+    async def events(self) -> AsyncIterator[DeltaEvent]:
         """Delta events, then the stream ends. A replica lost under the request (dead, hung,
         restarted) is replaced by another and the events go on from where they were; if none
         can take it, or the replica itself reports an error, an OpenAIError ends them."""
         try:
             while not self.stream.finished:
                 event = await self.stream.next_event()
-                if event.get("type") == "error":
-                    if event.get("broker_lost"):
-                        raise broker_unavailable(event["message"])
-                    if event.get("replica_lost") and await self._resume(event):
+                if isinstance(event, ErrorEvent):
+                    if event.code == BROKER_LOST:
+                        raise broker_unavailable(event.message)
+                    if event.code == REPLICA_LOST and await self._resume(event):
                         continue
-                    raise OpenAIError(502, event.get("message", "replica error"), code="replica_error")
-                if event.get("type") == "delta" and self.first_token_at is None:
+                    raise OpenAIError(502, event.message or "replica error", code="replica_error")
+                if not isinstance(event, DeltaEvent):  # `accepted` came first and was read by _place
+                    continue
+                if self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                if event.get("finish_reason") and self.prefill_replica is not None:
+                if event.final and self.prefill_replica is not None:
                     # A handoff that fell back (timeout, refusal) was prefilled by the decode replica.
-                    self.prefill_replica = ((event.get("disaggregation") or {}).get("prefill") or {}).get("replica")
-                if event.get("usage"):
-                    usage = event["usage"]
+                    self.prefill_replica = ((event.disaggregation or {}).get("prefill") or {}).get("replica")
+                if event.usage:
+                    usage = event.usage
                     await ratelimit.count_tokens(
                         self.stream.hub.redis, self.caller.key, usage["prompt_tokens"] + usage["completion_tokens"]
                     )
@@ -155,7 +158,7 @@ class Generation:
         finally:
             await self.stream.close()
 
-    async def _resume(self, lost: dict) -> bool:
+    async def _resume(self, lost: ErrorEvent) -> bool:
         """Continue the request on another ready replica of the deployment; False when failover
         is off or this request may not move again. Raises OpenAIError when no replica can."""
         progress = self.progress
@@ -178,26 +181,26 @@ class Generation:
         except (OpenAIError, RedisError) as exc:
             stream, reason = None, getattr(exc, "message", None) or str(exc)
         else:
-            reason = None if stream is not None else first.get("message", "refused")
+            reason = None if stream is not None else first.message or "refused"
         if stream is None:
             await failover.count(old.hub.redis, self.deployment, "failed")
             await failover.record("request.failover_failed", self.deployment, {
                 "request_id": self.request_id, "from_replica": old.replica_id, "after_tokens": after,
-                "problem": lost.get("message"), "reason": reason})  # fmt: skip
+                "problem": lost.message, "reason": reason})  # fmt: skip
             raise OpenAIError(
                 503,
-                f"{lost.get('message', 'the replica was lost')} after {after} tokens, and no other replica of "
+                f"{lost.message or 'the replica was lost'} after {after} tokens, and no other replica of "
                 f"'{self.deployment.slug}' could resume the request; retry it.",
                 code="no_ready_replica",
             )
         self.stream = stream
         if progress.prompt_ids is None:  # it had generated nothing: sent as it was, ids asked again
-            progress.prompt_ids = first.get("prompt_token_ids")
+            progress.prompt_ids = first.prompt_token_ids
         note = {"from_replica": old.replica_id, "to_replica": route.replica_id, "after_tokens": after}
         progress.resumed.append(note)
         await failover.count(old.hub.redis, self.deployment, "resumed")
         await failover.record("request.resumed", self.deployment,
-                              {"request_id": self.request_id, **note, "problem": lost.get("message")})  # fmt: skip
+                              {"request_id": self.request_id, **note, "problem": lost.message})  # fmt: skip
         return True
 
     def timings(self) -> dict:
@@ -221,11 +224,11 @@ async def _place(
     hub: ReplicaHub,
     deployment: Deployment,
     candidates: dict[str, list[int]],
-    message: dict,
+    message: GenerateMessage,
     new_id: Callable[[], str],
     session: str | None = None,
     exclude: frozenset[int] = frozenset(),
-) -> tuple[router.Route, RequestStream | None, dict]:
+) -> tuple[router.Route, RequestStream | None, AcceptedEvent | ErrorEvent]:
     """Route `message`, send it and wait for the replica's first answer: (route, stream, its
     `accepted`), or (route, None, the refusal) when the replica refuses the request itself. A
     replica that is draining (503) or dies before answering is skipped for another, ATTEMPTS
@@ -234,9 +237,7 @@ async def _place(
     for _ in range(ATTEMPTS):
         request_id = new_id()
         route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
-        sent = dict(message)
-        if route.prefill_replica_id is not None:
-            sent["prefill"] = {"replica_id": route.prefill_replica_id}
+        sent = replace(message, prefill_replica=route.prefill_replica_id)
         try:
             stream = await hub.submit(route.replica_id, request_id, sent, route.incarnation)
         except BaseException:  # not sent: it must not count against the replica
@@ -247,10 +248,12 @@ async def _place(
         except BaseException:  # the client went away (cancelled) before the replica answered
             await stream.close()
             raise
-        if first.get("type") == "accepted":
+        if isinstance(first, AcceptedEvent):
             return route, stream, first
         await stream.close()
-        if int(first.get("status", 500)) in (502, 503):  # draining or died before accepting: try another
+        if not isinstance(first, ErrorEvent):  # output before `accepted`: a replica out of protocol
+            first = ErrorEvent(request_id, 502, f"the replica sent {first.TYPE!r} before accepting the request")
+        if first.status in (502, 503):  # draining or died before accepting: try another
             tried.add(route.replica_id)
             continue
         return route, None, first
@@ -266,24 +269,25 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
     message = req.replica_message()
     resumable = failover.enabled()
     if resumable and req.prompt_token_ids is None:  # to resume it elsewhere, the gateway needs the ids
-        message["return_prompt_token_ids"] = True
+        message.return_prompt_token_ids = True
     route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",
                                         session)  # fmt: skip
-    if stream is None:
-        raise _refusal(req, first, int(first.get("status", 500)))
-    progress = failover.Progress(first.get("prompt_token_ids") or req.prompt_token_ids) if resumable else None
-    return Generation(stream.request_id, deployment, route, stream, caller, int(first.get("prompt_tokens", 0)),
-                      prefill_replica=first.get("prefill_replica"), message=message, progress=progress)  # fmt: skip
+    if not isinstance(first, AcceptedEvent):
+        raise _refusal(req, first)
+    progress = failover.Progress(first.prompt_token_ids or req.prompt_token_ids) if resumable else None
+    return Generation(stream.request_id, deployment, route, stream, caller, first.prompt_tokens,
+                      prefill_replica=first.prefill_replica, message=message, progress=progress)  # fmt: skip
 
 
-def _refusal(req: GenerationRequest, event: dict, status: int) -> OpenAIError:
+def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
     """A replica's refusal at admission. A 4xx names the parameter the replica found at fault
     (its messages are written for clients); anything else is the replica failing, reported
     without its internals."""
+    status = event.status
     if 400 <= status < 500:
-        code = event.get("code") or "invalid_value"
-        # A replica from before `param` was sent: only a context error is surely the prompt's.
+        code = event.code or "invalid_value"
+        # No `param`: only a context error is surely the prompt's.
         prompt = "messages" if req.kind == "chat" else "prompt"
-        param = event.get("param", prompt if code == "context_length_exceeded" else None)
-        return OpenAIError(status, event.get("message") or "The replica refused the request.", param, code)
+        param = event.param or (prompt if code == "context_length_exceeded" else None)
+        return OpenAIError(status, event.message or "The replica refused the request.", param, code)
     return OpenAIError(502, "The replica failed to admit the request; retry it.", code="replica_error")

@@ -4,8 +4,9 @@ one pub/sub channel per process.
 One subscriber per event loop reads every reply and hands each to the queue of its request, so
 a thousand open streams cost one Redis connection, not a thousand. A request's stream also
 watches its replica: if the replica's heartbeat stops or a new incarnation appears (it was
-restarted), the stream ends with an error event marked `replica_lost` instead of waiting
+restarted), the stream ends with an error event of code `replica_lost` instead of waiting
 forever (the generation then resumes the request on another replica: `failover.py`).
+Messages and events are the typed ones of `workers.protocol.replica`, which the replica shares.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 from django.conf import settings
@@ -23,7 +25,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from controlplane.gateway.dispatched import Dispatched
-from workers.replica import protocol
+from workers.protocol import replica as protocol
+from workers.protocol.replica import AbortMessage, ErrorEvent, Event, GenerateMessage, ReplicaStatus, read_event
+from workers.protocol.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK_SECONDS = 0.5
@@ -31,6 +35,9 @@ LIVENESS_CHECK_SECONDS = 0.5
 SUBSCRIBE_WAIT_SECONDS = 5.0
 # Requests wait for a free connection rather than fail when thousands of streams are open.
 MAX_CONNECTIONS = 64
+# Codes of the error events the gateway makes itself (a replica never sends them).
+REPLICA_LOST = "replica_lost"  # it stopped, hung or restarted under the request: resume it elsewhere
+BROKER_LOST = "broker_lost"  # the reply channel lost Redis: what was published meanwhile is lost
 
 
 class RequestStream:
@@ -44,7 +51,7 @@ class RequestStream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
 
-    async def next_event(self) -> dict:
+    async def next_event(self) -> Event:
         while True:
             try:
                 if self.queue.empty():  # wait; asyncio.timeout costs no extra task, unlike wait_for
@@ -56,14 +63,13 @@ class RequestStream:
                 problem = await self.hub.replica_problem(self.replica_id, self.incarnation)
                 if problem:
                     self.finished = True
-                    return {"id": self.request_id, "type": "error", "status": 502, "message": problem,
-                            "replica_lost": True}  # fmt: skip
+                    return ErrorEvent(self.request_id, 502, problem, code=REPLICA_LOST)
                 continue
-            if event.get("type") == "error" or event.get("finish_reason"):
+            if event.final:
                 self.finished = True
             return event
 
-    async def __aiter__(self) -> AsyncIterator[dict]:
+    async def __aiter__(self) -> AsyncIterator[Event]:
         while not self.finished:
             yield await self.next_event()
 
@@ -96,9 +102,9 @@ class ReplicaHub:
         self._listener: asyncio.Task | None = None
         self._refresher: asyncio.Task | None = None
         self._subscribed = asyncio.Event()
-        # replica id -> (read at, status hash): one status read per replica per interval, however
+        # replica id -> (read at, status): one status read per replica per interval, however
         # many of its streams are waiting.
-        self._liveness: dict[int, tuple[float, dict]] = {}
+        self._liveness: dict[int, tuple[float, ReplicaStatus]] = {}
 
     async def start(self) -> None:
         """Start listening (once) and wait until replies can be received: a request sent while
@@ -123,12 +129,13 @@ class ReplicaHub:
                     if message.get("type") != "message":
                         continue
                     try:
-                        event = protocol.decode(message["data"])
+                        data = protocol.decode(message["data"])
                     except ValueError:
                         continue
-                    queue = self.queues.get(event.get("id", ""))
+                    rid = data.get("id") if isinstance(data, dict) else None
+                    queue = self.queues.get(rid) if isinstance(rid, str) else None
                     if queue is not None:
-                        queue.put_nowait(event)
+                        queue.put_nowait(self._read(data))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a dropped connection: what was published meanwhile is lost
@@ -140,53 +147,74 @@ class ReplicaHub:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
 
+    @staticmethod
+    def _read(data: dict) -> Event:
+        """A replica's event; one this side cannot read ends its request with an error."""
+        try:
+            return read_event(data)
+        except ProtocolError as exc:
+            log.warning("unreadable event for %s: %s", data.get("id"), exc)
+            return ErrorEvent(data["id"], 502, f"the replica sent an event this gateway cannot read ({exc})",
+                              code="replica_error")  # fmt: skip
+
     def _fail_open_streams(self, exc: Exception) -> None:
         """Every request waiting for replies may have lost some: end each with an error event
         (the gateway answers its client cleanly; the replica aborts it when it finds Redis gone
         or when the gateway's abort arrives)."""
         for request_id, queue in list(self.queues.items()):
-            queue.put_nowait({"id": request_id, "type": "error", "status": 503, "broker_lost": True,
-                              "message": f"lost the connection to the request broker ({exc})"})  # fmt: skip
+            queue.put_nowait(ErrorEvent(request_id, 503, f"lost the connection to the request broker ({exc})",
+                                        code=BROKER_LOST))  # fmt: skip
 
-    async def submit(self, replica_id: int, request_id: str, message: dict, incarnation: str | None) -> RequestStream:
+    async def submit(
+        self, replica_id: int, request_id: str, message: GenerateMessage, incarnation: str | None
+    ) -> RequestStream:
         await self.start()
         stream = RequestStream(self, replica_id, request_id, incarnation)
         self.queues[request_id] = stream.queue
-        await self._send(replica_id, {**message, "type": "generate", "id": request_id, "reply_to": self.channel})
+        await self._send(replica_id, replace(message, id=request_id, reply_to=self.channel))
         return stream
 
     async def abort(self, replica_id: int, request_id: str) -> None:
-        await self._send(replica_id, {"type": "abort", "id": request_id})
+        await self._send(replica_id, AbortMessage(request_id))
 
-    async def _send(self, replica_id: int, message: dict) -> None:
+    async def _send(self, replica_id: int, message: GenerateMessage | AbortMessage) -> None:
         await self.redis.xadd(
             protocol.requests_key(replica_id),
-            {"m": protocol.encode(message)},
+            {"m": protocol.encode(message.to_wire())},
             maxlen=protocol.REQUEST_STREAM_MAXLEN,
             approximate=True,
         )
 
-    async def statuses(self, replica_ids: list[int]) -> list[dict]:
+    async def statuses(self, replica_ids: list[int]) -> list[ReplicaStatus]:
         pipe = self.redis.pipeline(transaction=False)
         for rid in replica_ids:
             pipe.hgetall(protocol.status_key(rid))
-        return await pipe.execute()
+        return [_status(rid, raw) for rid, raw in zip(replica_ids, await pipe.execute(), strict=True)]
 
     async def replica_problem(self, replica_id: int, incarnation: str | None) -> str | None:
         """Why the replica can no longer answer, or None while it is alive."""
         now = time.monotonic()
         checked = self._liveness.get(replica_id)
         if checked is None or now - checked[0] >= LIVENESS_CHECK_SECONDS:
-            status = await self.redis.hgetall(protocol.status_key(replica_id))
+            status = _status(replica_id, await self.redis.hgetall(protocol.status_key(replica_id)))
             checked = self._liveness[replica_id] = (now, status)
         status = checked[1]
-        if not status or status.get("state") not in ("ready", "draining"):
+        if not status.serving:
             return f"replica {replica_id} stopped while serving this request"
-        if incarnation and status.get("incarnation") != incarnation:
+        if incarnation and status.incarnation != incarnation:
             return f"replica {replica_id} restarted while serving this request"
-        if not protocol.is_fresh(status):
+        if not status.is_fresh():
             return f"replica {replica_id} stopped responding"
         return None
+
+
+def _status(replica_id: int, raw: dict) -> ReplicaStatus:
+    """A replica's status hash; one this side cannot read counts as no report (not ready)."""
+    try:
+        return ReplicaStatus.from_hash(raw)
+    except ProtocolError as exc:
+        log.warning("replica %s: unreadable status hash (%s)", replica_id, exc)
+        return ReplicaStatus()
 
 
 _hubs: dict[asyncio.AbstractEventLoop, ReplicaHub] = {}

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from controlplane.common import json_body
+from workers.protocol.replica import GenerateMessage, WireSamplingParams
 
 SEED_MAX = 2**64 - 1  # what torch.Generator takes
 INT32_MAX = 2**31 - 1  # max_tokens, top_k, token ids: far past any model, still a plain integer
@@ -58,21 +59,18 @@ class GenerationRequest:
     tool_choice: str | dict = "auto"
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
-    params: dict = field(default_factory=dict)  # engine SamplingParams fields
+    params: WireSamplingParams = field(default_factory=WireSamplingParams)
     logprobs: bool = False
     timing: bool = False  # `x-switchyard-timing: 1`: stream chunks carry when the replica produced them
 
-    def replica_message(self) -> dict:
-        message = {"params": self.params}
+    def replica_message(self) -> GenerateMessage:
+        """What the replica is sent; the hub fills in `id` and `reply_to` when it sends it."""
         if self.kind == "chat":
-            message["messages"] = self.messages
-            if self.tools and self.tool_choice != "none":
-                message["tools"] = self.tools
-        elif self.prompt_token_ids is not None:
-            message["prompt_token_ids"] = self.prompt_token_ids
-        else:
-            message["prompt"] = self.prompt
-        return message
+            tools = self.tools if self.tools and self.tool_choice != "none" else None
+            return GenerateMessage(params=self.params, messages=self.messages, tools=tools)
+        if self.prompt_token_ids is not None:
+            return GenerateMessage(params=self.params, prompt_token_ids=self.prompt_token_ids)
+        return GenerateMessage(params=self.params, prompt=self.prompt)
 
 
 def parse_json(raw: bytes | str) -> dict:
@@ -200,20 +198,20 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     max_tokens = _integer(body, "max_completion_tokens", None, lo=1, hi=INT32_MAX)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", None, lo=1, hi=INT32_MAX)
-    params = {
-        "temperature": _number(body, "temperature", 1.0, 0, 2),
-        "top_p": _number(body, "top_p", 1.0, 0, 1),
-        "top_k": _integer(body, "top_k", -1, lo=-1, hi=INT32_MAX),
-        "min_p": _number(body, "min_p", 0.0, 0, 1),
-        "presence_penalty": _number(body, "presence_penalty", 0.0, -2, 2),
-        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -2, 2),
-        "repetition_penalty": _number(body, "repetition_penalty", 1.0, 0.01, 10),
-        "seed": _integer(body, "seed", None, lo=0, hi=SEED_MAX),
-        "max_tokens": max_tokens if max_tokens is not None else (16 if kind == "completion" else None),
-        "stop": stop or [],
-        "ignore_eos": _typed(body, "ignore_eos", bool, False, what="a boolean"),
-    }
-    if params["top_p"] == 0:
+    params = WireSamplingParams(
+        temperature=_number(body, "temperature", 1.0, 0, 2),
+        top_p=_number(body, "top_p", 1.0, 0, 1),
+        top_k=_integer(body, "top_k", -1, lo=-1, hi=INT32_MAX),
+        min_p=_number(body, "min_p", 0.0, 0, 1),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.01, 10),
+        seed=_integer(body, "seed", None, lo=0, hi=SEED_MAX),
+        max_tokens=max_tokens if max_tokens is not None else (16 if kind == "completion" else None),
+        stop=stop or [],
+        ignore_eos=_typed(body, "ignore_eos", bool, False, what="a boolean"),
+    )
+    if params.top_p == 0:
         raise bad("'top_p' must be greater than 0.", "top_p")
     _typed(body, "user", str, None, what="a string")  # accepted (OpenAI clients send it), not used
     return GenerationRequest(
@@ -243,7 +241,7 @@ def parse_completion(body: dict) -> GenerationRequest:
     logprobs = _integer(body, "logprobs", None, lo=0, hi=20)
     if logprobs is not None:
         req.logprobs = True
-        req.params["logprobs"] = logprobs
+        req.params.logprobs = logprobs
     return req
 
 
@@ -310,5 +308,5 @@ def parse_chat(body: dict) -> GenerationRequest:
     if top is not None and not req.logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
     if req.logprobs:
-        req.params["logprobs"] = top or 0
+        req.params.logprobs = top or 0
     return req

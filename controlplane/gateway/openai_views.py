@@ -26,6 +26,7 @@ from controlplane.gateway.openai_request import (
     too_large,
 )
 from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
+from workers.protocol.replica import DeltaEvent, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ def _resume_note(gen: generation.Generation, body: dict) -> dict:
     return body
 
 
-def _usage(event: dict) -> dict:
-    u = event["usage"]
+def _usage(event: DeltaEvent) -> dict:
+    u = event.usage or {}  # the last delta's (a stream ends with one, or with an error)
     return {
         "prompt_tokens": u["prompt_tokens"],
         "completion_tokens": u["completion_tokens"],
@@ -109,18 +110,18 @@ def finish_reason(reason: str | None, tool_calls: bool) -> str | None:
     return {"abort": "stop"}.get(reason, reason)
 
 
-def _chat_logprobs(entries: list[dict]) -> list[dict]:
+def _chat_logprobs(entries: list[TokenLogprob]) -> list[dict]:
     def one(e):
         return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
 
     return [{**one(e), "top_logprobs": [one(t) for t in e["top"]]} for e in entries]
 
 
-def _timing(req: GenerationRequest, body: dict, event: dict) -> dict:
+def _timing(req: GenerationRequest, body: dict, event: DeltaEvent | None) -> dict:
     """Opt-in (`x-switchyard-timing: 1`): when the replica produced this chunk's token(s), so a
     client can measure the delivery latency of the path (the gateway benchmark does)."""
-    if req.timing and "t" in event:
-        body.setdefault("x_switchyard", {})["replica_time"] = event["t"]
+    if req.timing and event is not None and event.t is not None:
+        body.setdefault("x_switchyard", {})["replica_time"] = event.t
     return body
 
 
@@ -128,7 +129,7 @@ def _envelope(req: GenerationRequest, gen: generation.Generation, obj: str, choi
     return {"id": gen.request_id, "object": obj, "created": gen.created, "model": req.model, "choices": choices}
 
 
-async def _deltas(gen: generation.Generation) -> list[dict]:
+async def _deltas(gen: generation.Generation) -> list[DeltaEvent]:
     """Every delta event of a request that is answered in one response."""
     try:
         return [event async for event in gen.events()]
@@ -208,11 +209,11 @@ class ChatShaper:
         self.logprobs = req.logprobs
         self.calls: list[ToolCall] = []
 
-    def pieces(self, event: dict) -> list[str | ToolCall]:
+    def pieces(self, event: DeltaEvent) -> list[str | ToolCall]:
         if self.parser is None:
-            return [event["text"]] if event.get("text") else []
-        out = self.parser.feed(event.get("text", ""))
-        if event.get("finish_reason"):
+            return [event.text] if event.text else []
+        out = self.parser.feed(event.text)
+        if event.final:
             out += self.parser.finish()
         self.calls += [p for p in out if isinstance(p, ToolCall)]
         return out
@@ -226,12 +227,12 @@ async def chat_completions(request):
     return _respond(gen, _chat_stream(req, gen, shaper), body)
 
 
-def _chat_whole(req, gen, shaper: ChatShaper, events: list[dict]) -> dict:
+def _chat_whole(req, gen, shaper: ChatShaper, events: list[DeltaEvent]) -> dict:
     content, logprobs = [], []
     for event in events:
         content += [p for p in shaper.pieces(event) if isinstance(p, str)]
-        logprobs += event.get("logprobs") or []
-    last = events[-1] if events else {}
+        logprobs += event.logprobs or []
+    last = events[-1]
     text = "".join(content)
     message = {"role": "assistant", "content": text}
     if shaper.calls:
@@ -241,7 +242,7 @@ def _chat_whole(req, gen, shaper: ChatShaper, events: list[dict]) -> dict:
         "index": 0,
         "message": message,
         "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
-        "finish_reason": finish_reason(last.get("finish_reason"), bool(shaper.calls)),
+        "finish_reason": finish_reason(last.finish_reason, bool(shaper.calls)),
     }
     return _resume_note(gen, {**_envelope(req, gen, "chat.completion", [choice]), "usage": _usage(last)})
 
@@ -254,11 +255,11 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
             body["usage"] = None
         if finish:
             _prefill_note(gen, body)
-        return sse(_timing(req, body, event or {}))
+        return sse(_timing(req, body, event))
 
     yield chunk({"role": "assistant", "content": ""})
     async for event in gen.events():
-        lp = {"content": _chat_logprobs(event.get("logprobs") or [])} if req.logprobs else None
+        lp = {"content": _chat_logprobs(event.logprobs or [])} if req.logprobs else None
         for piece in shaper.pieces(event):
             if isinstance(piece, ToolCall):
                 index = shaper.calls.index(piece)
@@ -268,14 +269,14 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
                 lp = None
         if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
             yield chunk({}, logprobs=lp)
-        if event.get("finish_reason"):
-            yield chunk({}, finish=finish_reason(event["finish_reason"], bool(shaper.calls)))
+        if event.final:
+            yield chunk({}, finish=finish_reason(event.finish_reason, bool(shaper.calls)))
             if req.include_usage:
                 yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(event)})
 
 
 # -- completions -------------------------------------------------------------------------------
-def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+def _completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict:
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
         out["tokens"].append(e["token"])
@@ -293,14 +294,14 @@ async def completions(request):
     return _respond(gen, _completion_stream(req, gen), body)
 
 
-def _completion_whole(req, gen, events: list[dict]) -> dict:
-    logprobs = [lp for event in events for lp in event.get("logprobs") or []]
-    last = events[-1] if events else {}
+def _completion_whole(req, gen, events: list[DeltaEvent]) -> dict:
+    logprobs = [lp for event in events for lp in event.logprobs or []]
+    last = events[-1]
     choice = {
         "index": 0,
-        "text": "".join(event.get("text", "") for event in events),
+        "text": "".join(event.text for event in events),
         "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
-        "finish_reason": finish_reason(last.get("finish_reason"), False),
+        "finish_reason": finish_reason(last.finish_reason, False),
     }
     return _resume_note(gen, {**_envelope(req, gen, "text_completion", [choice]), "usage": _usage(last)})
 
@@ -308,17 +309,17 @@ def _completion_whole(req, gen, events: list[dict]) -> dict:
 async def _completion_stream(req, gen):
     offset = 0
     async for event in gen.events():
-        lp = _completion_logprobs(event.get("logprobs") or [], offset) if req.logprobs else None
-        offset += len(event.get("text", ""))
-        choice = {"index": 0, "text": event.get("text", ""), "logprobs": lp,
-                  "finish_reason": finish_reason(event.get("finish_reason"), False)}  # fmt: skip
+        lp = _completion_logprobs(event.logprobs or [], offset) if req.logprobs else None
+        offset += len(event.text)
+        choice = {"index": 0, "text": event.text, "logprobs": lp,
+                  "finish_reason": finish_reason(event.finish_reason, False)}  # fmt: skip
         body = _envelope(req, gen, "text_completion", [choice])
         if req.include_usage:
             body["usage"] = None
-        if event.get("finish_reason"):
+        if event.final:
             _prefill_note(gen, body)
         yield sse(_timing(req, body, event))
-        if event.get("finish_reason") and req.include_usage:
+        if event.final and req.include_usage:
             yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
 
 

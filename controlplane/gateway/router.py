@@ -12,13 +12,12 @@ returned to the client in `x-switchyard-route-reason`.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.gateway.hub import ReplicaHub
 from controlplane.gateway.openai_request import OpenAIError
-from workers.replica import protocol
+from workers.protocol.replica import ReplicaStatus
 
 STALE_RETRIES = 5
 STALE_RETRY_SECONDS = 0.2
@@ -47,32 +46,23 @@ def candidate_ids(deployment_id: int) -> dict[str, list[int]]:
     return out
 
 
-def _load(status: dict) -> dict:
-    try:
-        return json.loads(status.get("load") or "{}")
-    except ValueError:
-        return {}
-
-
-def _decode_load(status: dict) -> tuple[int, int]:
+def _decode_load(status: ReplicaStatus) -> tuple[int, int]:
     """Decode side, as the heartbeat reports it: requests in flight (handoffs included), free KV
     blocks."""
-    load = _load(status)
+    load = status.load
     queued = int(load.get("running", 0)) + int(load.get("waiting", 0)) + int(load.get("handoffs_waiting", 0))
     return queued, int(load.get("kv_blocks_free", 0))
 
 
-def _prefill_score(status: dict) -> tuple:
+def _prefill_score(status: ReplicaStatus) -> tuple:
     """Prefill side: prompt tokens it is still computing, then requests waiting."""
-    load = _load(status)
+    load = status.load
     return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
 
 
-async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, dict]]:
+async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, ReplicaStatus]]:
     statuses = await hub.statuses(ids) if ids else []
-    return [
-        (rid, st) for rid, st in zip(ids, statuses, strict=True) if st.get("state") == "ready" and protocol.is_fresh(st)
-    ]
+    return [(rid, st) for rid, st in zip(ids, statuses, strict=True) if st.state == "ready" and st.is_fresh()]
 
 
 async def choose(
@@ -111,15 +101,11 @@ async def choose(
     rid, _ = await hub.dispatched.pick(request_id, [(i, *_decode_load(st)) for i, st in live])
     status = dict(live)[rid]
     reason = "least_loaded" if len(live) > 1 else "only_ready_replica"
-    try:
-        endpoint = json.loads(status.get("endpoint") or "{}")
-    except ValueError:
-        endpoint = {}
     if session:
         ttl = deployment.cache_policy.session_affinity_ttl_seconds if deployment.cache_policy else 600
         await hub.redis.set(affinity_key(deployment.slug, session), rid, ex=max(ttl, 1))
         reason += ";session_recorded"
-    route = Route(rid, reason, status.get("incarnation"), endpoint.get("max_model_len"))
+    route = Route(rid, reason, status.incarnation or None, status.endpoint.get("max_model_len"))
     if deployment.mode == Deployment.Mode.DISAGGREGATED:
         prefills = await _live(hub, candidates["prefill"])
         if prefills:

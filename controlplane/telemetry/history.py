@@ -20,7 +20,6 @@ import time
 from collections import defaultdict
 
 from controlplane.telemetry.prometheus import replica_statuses
-from workers.replica import protocol
 
 HISTORY_SECONDS = 900
 GROUP = "metrics"
@@ -89,14 +88,10 @@ def aggregate(statuses, previous: dict[str, dict] | None) -> tuple[dict[str, dic
     counters: dict[str, dict] = {}
     for replica, status in statuses:
         t = totals[replica.deployment.slug]
-        if not status:
+        if status is None:
             continue
-        try:
-            metrics = json.loads(status.get("metrics") or "{}")
-            load = json.loads(status.get("load") or "{}")
-        except ValueError:
-            continue
-        process = f"{replica.pk}:{status.get('incarnation', '')}"
+        metrics, load = status.metrics, status.load
+        process = f"{replica.pk}:{status.incarnation}"
         counters[process] = replica_counters(metrics, load)
         if previous is not None:
             t["counted"] = True
@@ -106,7 +101,7 @@ def aggregate(statuses, previous: dict[str, dict] | None) -> tuple[dict[str, dic
             for name in HISTOGRAMS:
                 if new.get(name) is not None:
                     t[name] = _add_hist(t[name], new[name])
-        if protocol.is_fresh(status):
+        if status.is_fresh():
             t["replicas_up"] += 1
             for key in ("running", "waiting", "kv_blocks_total", "kv_blocks_free"):
                 t[key] += load.get(key, 0)

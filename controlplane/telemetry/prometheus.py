@@ -8,11 +8,15 @@ stream failovers, per deployment) are kept in Redis by the web processes. Torch-
 
 from __future__ import annotations
 
-import json
+import logging
 
 from controlplane.deployments.models import Replica
 from controlplane.gateway import failover
-from workers.replica import protocol
+from workers.protocol import replica as protocol
+from workers.protocol.replica import ReplicaStatus
+from workers.protocol.wire import ProtocolError
+
+log = logging.getLogger(__name__)
 
 
 def _labels(**labels) -> str:
@@ -85,12 +89,23 @@ FAILOVER_COUNTERS = {
 }  # fmt: skip
 
 
-def replica_statuses(redis_client) -> list[tuple[Replica, dict]]:
+def replica_statuses(redis_client) -> list[tuple[Replica, ReplicaStatus | None]]:
+    """Each live replica and what it reports (None: nothing, or nothing this side can read)."""
     replicas = list(Replica.objects.filter(state__in=Replica.LIVE_STATES).select_related("deployment").order_by("id"))
     pipe = redis_client.pipeline(transaction=False)
     for r in replicas:
         pipe.hgetall(protocol.status_key(r.pk))
-    return list(zip(replicas, pipe.execute(), strict=True))
+    return [(r, _status(r, raw)) for r, raw in zip(replicas, pipe.execute(), strict=True)]
+
+
+def _status(replica: Replica, raw: dict) -> ReplicaStatus | None:
+    if not raw:
+        return None
+    try:
+        return ReplicaStatus.from_hash(raw)
+    except ProtocolError as exc:
+        log.warning("replica %s: unreadable status hash (%s)", replica.pk, exc)
+        return None
 
 
 def render(redis_client) -> str:
@@ -98,12 +113,10 @@ def render(redis_client) -> str:
     for replica, status in replica_statuses(redis_client):
         labels = {"deployment": replica.deployment.slug, "replica": replica.pk, "role": replica.role}
         exp.add("switchyard_replica_up", "gauge", "1 while the replica heartbeats.", labels,
-                int(bool(status) and protocol.is_fresh(status)))  # fmt: skip
-        try:
-            metrics = json.loads(status.get("metrics") or "{}")
-            load = json.loads(status.get("load") or "{}")
-        except ValueError:
+                int(status is not None and status.is_fresh()))  # fmt: skip
+        if status is None:
             continue
+        metrics, load = status.metrics, status.load
         for key, (name, help_text) in COUNTERS.items():
             if key in metrics:
                 exp.add(name, "counter", help_text, labels, metrics[key])

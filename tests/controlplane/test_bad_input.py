@@ -15,6 +15,7 @@ from controlplane.gateway.consumers import GenerateConsumer
 from controlplane.gateway.generation import _refusal
 from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion, parse_json
 from controlplane.gateway.services import create_api_key
+from workers.protocol.replica import ErrorEvent
 
 MSG = [{"role": "user", "content": "hi"}]
 DEEP = b"[" * 100_000 + b"]" * 100_000  # past Python's recursion limit, not only ours
@@ -57,7 +58,7 @@ def test_chat_parameters_out_of_range_are_400s_naming_them(fields, param):
 
 
 def test_the_widest_seed_and_token_ids_pass():
-    assert parse_chat(chat(seed=2**64 - 1)).params["seed"] == 2**64 - 1
+    assert parse_chat(chat(seed=2**64 - 1)).params.seed == 2**64 - 1
     assert parse_completion({"model": "m", "prompt": [0, 2**31 - 1]}).prompt_token_ids == [0, 2**31 - 1]
 
 
@@ -109,14 +110,13 @@ def test_a_body_over_the_limit_is_413_request_too_large(settings):
 # -- the replica's refusals, as the client sees them --------------------------------------------
 def test_a_replica_refusal_names_its_parameter_and_never_blames_messages_by_default():
     req = parse_chat(chat())
-    seed = _refusal(req, {"status": 400, "message": "seed must be in [0, 2**64-1]", "param": "seed",
-                          "code": "invalid_value"}, 400)  # fmt: skip
+    seed = _refusal(req, ErrorEvent("r", 400, "seed must be in [0, 2**64-1]", "seed", "invalid_value"))
     assert (seed.status, seed.param, seed.code) == (400, "seed", "invalid_value")
-    unnamed = _refusal(req, {"status": 400, "message": "request id 'x' is already in use"}, 400)
+    unnamed = _refusal(req, ErrorEvent("r", 400, "request id 'x' is already in use"))
     assert unnamed.param is None
-    context = _refusal(req, {"status": 400, "message": "too long", "code": "context_length_exceeded"}, 400)
+    context = _refusal(req, ErrorEvent("r", 400, "too long", code="context_length_exceeded"))
     assert context.param == "messages"
-    crashed = _refusal(req, {"status": 500, "message": "KeyError: 'logits' at model_runner.py:88"}, 500)
+    crashed = _refusal(req, ErrorEvent("r", 500, "KeyError: 'logits' at model_runner.py:88"))
     assert (crashed.status, crashed.code) == (502, "replica_error")
     assert "KeyError" not in crashed.message and "model_runner" not in crashed.message
 

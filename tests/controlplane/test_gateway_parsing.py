@@ -31,11 +31,11 @@ def test_chat_request_maps_openai_fields_to_engine_params():
     )
     assert req.messages[0] == {"role": "system", "content": "be brief"}
     p = req.params
-    assert (p["temperature"], p["top_p"], p["seed"], p["stop"], p["max_tokens"]) == (0, 0.5, 7, ["END"], 9)
-    assert (p["presence_penalty"], p["frequency_penalty"], p["logprobs"]) == (0.5, -0.5, 3)
+    assert (p.temperature, p.top_p, p.seed, p.stop, p.max_tokens) == (0, 0.5, 7, ["END"], 9)
+    assert (p.presence_penalty, p.frequency_penalty, p.logprobs) == (0.5, -0.5, 3)
     assert req.stream and req.include_usage
     message = req.replica_message()
-    assert message["messages"] == req.messages and "tools" not in message
+    assert message.messages == req.messages and message.tools is None
 
 
 @pytest.mark.parametrize(
@@ -62,9 +62,9 @@ def test_chat_request_errors_name_the_parameter(body, param):
 
 
 def test_completion_prompt_forms_and_errors():
-    assert parse_completion({"model": "m", "prompt": "x"}).replica_message()["prompt"] == "x"
-    assert parse_completion({"model": "m", "prompt": [[1, 2, 3]]}).replica_message()["prompt_token_ids"] == [1, 2, 3]
-    assert parse_completion({"model": "m", "prompt": "x"}).params["max_tokens"] == 16  # OpenAI's default
+    assert parse_completion({"model": "m", "prompt": "x"}).replica_message().prompt == "x"
+    assert parse_completion({"model": "m", "prompt": [[1, 2, 3]]}).replica_message().prompt_token_ids == [1, 2, 3]
+    assert parse_completion({"model": "m", "prompt": "x"}).params.max_tokens == 16  # OpenAI's default
     for prompt in ("", [], ["a", "b"], [1, "x"], None):
         with pytest.raises(OpenAIError) as err:
             parse_completion({"model": "m", "prompt": prompt})

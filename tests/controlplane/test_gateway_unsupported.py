@@ -113,7 +113,7 @@ def test_what_the_official_client_sends_is_accepted():
         parse_chat(body)
     for body in (completion, completion_full):
         parse_completion(body)
-    assert parse_chat(chat_full).params["seed"] == 1 and parse_completion(completion_full).params["top_k"] == 5
+    assert parse_chat(chat_full).params.seed == 1 and parse_completion(completion_full).params.top_k == 5
 
 
 @pytest.mark.django_db(transaction=True)

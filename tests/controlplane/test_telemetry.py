@@ -11,7 +11,7 @@ from controlplane.catalog.models import Model
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.telemetry.history import PREVIOUS_KEY, history, quantile, sample
-from workers.replica import protocol
+from workers.protocol import replica as protocol
 
 BUCKETS = [0.01, 0.1, 1.0]
 

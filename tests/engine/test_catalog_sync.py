@@ -1,8 +1,8 @@
 def test_served_architectures_match_the_engine_models():
-    """The catalog and the engine check architectures against `workers.model_files` (no
+    """The catalog and the engine check architectures against `workers.protocol.model_files` (no
     torch); every name there must have a model class."""
     from workers.engine.models import REGISTRY
-    from workers.model_files import SUPPORTED_ARCHITECTURES
+    from workers.protocol.model_files import SUPPORTED_ARCHITECTURES
 
     assert set(SUPPORTED_ARCHITECTURES) == set(REGISTRY)
 

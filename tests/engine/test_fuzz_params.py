@@ -95,8 +95,8 @@ def test_gateway_admits_only_what_the_engine_accepts(fields, kind, as_json):
         assert len(exc.message) < 300
         return
     event("admitted")
-    params = SamplingParams(**req.params)  # must not raise
-    json.dumps(req.replica_message(), allow_nan=False)  # strict JSON on the way to the replica
+    params = SamplingParams.from_wire(req.params)  # must not raise
+    json.dumps(req.replica_message().to_wire(), allow_nan=False)  # strict JSON on the way to the replica
     if params.seed is not None:
         assert 0 <= params.seed < 2**64
 

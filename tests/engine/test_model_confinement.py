@@ -9,7 +9,7 @@ import pytest
 from workers.engine import LLM, ModelLoadError
 from workers.engine.loader import iter_tensors
 from workers.engine.tokenizer import Tokenizer
-from workers.model_files import model_file, weight_files
+from workers.protocol.model_files import model_file, weight_files
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from websockets.asyncio.client import connect as ws_connect
 from tests.support.stack import pid_alive, processes, stack_env, wait_for
 from workers.bench.processes import ROOT, free_port, stop
 from workers.demo import MODEL_DIR
-from workers.replica import protocol
+from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.django_db]
 N, MAX_TOKENS, KILL_AFTER = 20, 48, 3  # requests per burst, tokens each, pieces every stream has before the kill
@@ -86,6 +87,10 @@ def _status(replica_id: int) -> dict:
     return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
 
 
+def _fresh(status: dict) -> bool:
+    return protocol.ReplicaStatus.from_hash(status).is_fresh()
+
+
 def _pid(replica_id: int) -> int:
     return json.loads(_status(replica_id)["endpoint"])["pid"]
 
@@ -99,7 +104,7 @@ def serving(deployment_id: int, n: int) -> list[int]:
         ids = sorted(Replica.objects.filter(deployment_id=deployment_id, state="ready").values_list("id", flat=True))
         statuses = [_status(i) for i in ids]
         loads = [json.loads(s.get("load") or "{}") for s in statuses]
-        fine = all(s.get("state") == "ready" and protocol.is_fresh(s) for s in statuses) and all(
+        fine = all(s.get("state") == "ready" and _fresh(s) for s in statuses) and all(
             load.get("running") == 0 and load.get("waiting") == 0 for load in loads
         )
         return ids if len(ids) == n and fine else None
@@ -299,7 +304,7 @@ def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undistur
         results = burst(stack, victim=victim, sig=signal.SIGSTOP)
         check_resumed(results, undisturbed, victim, survivor)
         # Still stopped: new requests go to the replica that heartbeats, none fails.
-        assert not protocol.is_fresh(_status(victim))
+        assert not _fresh(_status(victim))
         headers = {"Authorization": f"Bearer {stack['key']}"}
         for _ in range(4):
             r = httpx.post(stack["base"] + "/v1/completions", headers=headers, timeout=30,
@@ -387,13 +392,13 @@ def test_a_stopped_only_replica_is_refused_with_retry_after_until_it_heartbeats(
     body = {"model": "solo", "prompt": "Hello", "max_tokens": 2}
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: not protocol.is_fresh(_status(replica)), 10, "the heartbeat to go stale")
+        wait_for(lambda: not _fresh(_status(replica)), 10, "the heartbeat to go stale")
         r = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_ready_replica"
         assert int(r.headers["Retry-After"]) > 0
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: protocol.is_fresh(_status(replica)), 10, "the heartbeat to return")
+    wait_for(lambda: _fresh(_status(replica)), 10, "the heartbeat to return")
     assert httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
 
 
@@ -412,14 +417,15 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
     deployment = Deployment.objects.get(pk=stack["pair"])
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     pid, busy = _pid(draining), {f"busy-{i}": float(client.time()[0]) + 60 for i in range(4)}
-    message = {"prompt_token_ids": [5, 6, 7], "params": {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True}}
+    params = protocol.WireSamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    message = protocol.GenerateMessage(prompt_token_ids=[5, 6, 7], params=params)
 
     async def main():
         hub = ReplicaHub(settings.REDIS_URL)
         # A long request keeps the draining replica alive while it drains.
         long = await hub.submit(draining, f"long-{uuid.uuid4().hex[:6]}",
-                                {**message, "params": {"max_tokens": 2000, "ignore_eos": True}}, None)  # fmt: skip
-        assert (await long.next_event())["type"] == "accepted"
+                                replace(message, params=replace(params, max_tokens=2000)), None)  # fmt: skip
+        assert (await long.next_event()).TYPE == "accepted"
         os.kill(pid, signal.SIGTERM)
         await until(lambda: _status(draining).get("state") == "draining", 10, "the drain")
         os.kill(pid, signal.SIGSTOP)
@@ -439,7 +445,7 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
             os.kill(pid, signal.SIGCONT)
             client.zrem(dispatched_key(other), *busy)
         route, stream, first = await asyncio.wait_for(placing, 20)
-        assert route.replica_id == other and first["type"] == "accepted"
+        assert route.replica_id == other and first.TYPE == "accepted"
         while not stream.finished:
             last = await asyncio.wait_for(stream.next_event(), 10)
         await stream.close()
@@ -447,4 +453,4 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
         return last
 
     last = asyncio.run(main())
-    assert last["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 4
+    assert last.finish_reason == "length" and last.usage["completion_tokens"] == 4

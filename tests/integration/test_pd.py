@@ -17,8 +17,8 @@ from django.conf import settings
 
 from tests.support.stack import wait_for
 from workers.bench.processes import start_replica
-from workers.replica import protocol
-from workers.replica.protocol import ReplicaSpec
+from workers.protocol import replica as protocol
+from workers.protocol.replica import ReplicaSpec
 
 pytestmark = pytest.mark.timeout(240)
 TIMEOUT = 1.0  # the decode replica's KV transfer timeout in these tests

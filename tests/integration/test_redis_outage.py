@@ -14,8 +14,8 @@ import redis
 
 from tests.support.stack import pid_alive, wait_for
 from workers.bench.processes import free_port, start_replica
-from workers.replica import protocol
-from workers.replica.protocol import ReplicaSpec
+from workers.protocol import replica as protocol
+from workers.protocol.replica import ReplicaSpec
 
 pytestmark = pytest.mark.timeout(180)
 REPLICA = 9301

@@ -16,8 +16,8 @@ from django.conf import settings
 
 from tests.support.stack import wait_for
 from workers.bench.processes import start_replica
-from workers.replica import protocol
-from workers.replica.protocol import ReplicaSpec
+from workers.protocol import replica as protocol
+from workers.protocol.replica import ReplicaSpec
 
 pytestmark = pytest.mark.timeout(180)
 REPLICA = 9201

@@ -18,7 +18,7 @@ from django.conf import settings
 from tests.support.stack import processes, stack_env, wait_for
 from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
-from workers.replica import protocol
+from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 LOCAL_PREFILL_TOKENS = 64  # the PD deployment's decode replica prefills shorter prompts itself

@@ -20,7 +20,7 @@ from websockets.sync.client import connect as ws_connect
 from tests.support.stack import processes, stack_env, wait_for
 from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
-from workers.replica import protocol
+from workers.protocol import replica as protocol
 
 # django_db: so that the test database exists even when this module runs alone; the stack's
 # rows are committed by the module fixture (outside each test's transaction) and flushed after.

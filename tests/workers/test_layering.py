@@ -45,7 +45,8 @@ def test_agent_and_protocol_load_without_django_or_the_database():
     itself when Django happens to be installed, to serialise its lazy strings: not ours.)"""
     code = (
         "import sys; from workers.agent.config import AgentConfig; import workers.agent.__main__, "
-        "workers.agent.node, workers.agent.tasks, workers.protocol.control; AgentConfig.from_env('n1');"
+        "workers.agent.node, workers.agent.tasks, workers.protocol.control, workers.protocol.replica, "
+        "workers.protocol.model_files; AgentConfig.from_env('n1');"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('controlplane', 'torch')"
         " or m.startswith(('django.conf', 'django.db', 'django.apps'))))"
     )

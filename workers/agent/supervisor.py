@@ -14,7 +14,6 @@ the replicas that still run instead of starting them again or leaving them orpha
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shlex
@@ -32,7 +31,8 @@ import psutil
 
 from workers.agent.config import AgentConfig
 from workers.protocol.control import ReplicaEvent, ReplicaReport
-from workers.replica.protocol import HEARTBEAT_STALE_SECONDS, ReplicaSpec, status_key
+from workers.protocol.replica import HEARTBEAT_STALE_SECONDS, ReplicaSpec, ReplicaStatus, status_key
+from workers.protocol.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 UNKNOWN_EXIT = -1000  # an adopted process is not our child: its exit code cannot be read
@@ -381,15 +381,17 @@ class Supervisor:
         raw = self.redis.hgetall(status_key(m.replica_id))
         if not raw:
             return False
-        status = {}
-        for key in ("load", "endpoint", "progress"):  # JSON the replica reports; a garbled value is skipped
-            if raw.get(key):
-                with contextlib.suppress(json.JSONDecodeError):
-                    status[key] = json.loads(raw[key])
+        try:
+            reported = ReplicaStatus.from_hash(raw)
+        except ProtocolError as exc:
+            log.warning("replica %s: unreadable status hash (%s)", m.replica_id, exc)
+            return False
+        # What the control worker mirrors into the database (a garbled value reads as empty).
+        status = {key: value for key in ("load", "endpoint", "progress") if (value := getattr(reported, key))}
         m.status = status
-        with contextlib.suppress(TypeError, ValueError):
-            m.heartbeat = float(raw.get("heartbeat"))
-        if raw.get("state") == "ready" and not m.ready:
+        if reported.heartbeat:
+            m.heartbeat = reported.heartbeat
+        if reported.state == "ready" and not m.ready:
             m.ready = True
             self._event(m, "ready", pid=m.process.pid, status=status)
         return True

@@ -44,7 +44,7 @@ class Platform:
     def __init__(self, model: str, max_num_seqs: int, threads: int):
         import redis
 
-        from workers.replica.protocol import ReplicaSpec
+        from workers.protocol.replica import ReplicaSpec
 
         self.dir = Path(tempfile.mkdtemp(prefix="sy-bench-"))
         self.redis_url = f"redis://127.0.0.1:6379/{BENCH_REDIS_DB}"
@@ -81,7 +81,7 @@ class Platform:
     def _wait_ready(self, timeout: float = 120) -> None:
         import httpx
 
-        from workers.replica import protocol
+        from workers.protocol import replica as protocol
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -82,8 +82,8 @@ class Setup:
     ):
         import redis
 
-        from workers.replica import protocol
-        from workers.replica.protocol import ReplicaSpec
+        from workers.protocol import replica as protocol
+        from workers.protocol.replica import ReplicaSpec
 
         self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
         self.protocol = protocol
@@ -118,33 +118,32 @@ class Setup:
             if message["type"] != "message":
                 continue
             now = time.monotonic()
-            event = json.loads(message["data"])
-            req = self.requests.get(event["id"])
+            event = self.protocol.read_event(json.loads(message["data"]))
+            req = self.requests.get(event.id)
             if req is None:
                 continue
-            if event["type"] == "delta":
+            if isinstance(event, self.protocol.DeltaEvent):
                 req.stamps.append(now)
-                req.tokens += event["token_ids"]
-                if event.get("finish_reason"):
-                    req.fallback = (event.get("disaggregation") or {}).get("fallback")
+                req.tokens += event.token_ids
+                if event.final:
+                    req.fallback = (event.disaggregation or {}).get("fallback")
                     req.done.set()
-            elif event["type"] == "error":
+            elif isinstance(event, self.protocol.ErrorEvent):
                 print(f"request failed: {event}", file=sys.stderr)
                 req.done.set()
 
     def send(self, rid: str, req: Request, replica: int, prefill: int | None) -> None:
-        message = {"type": "generate", "id": rid, "reply_to": self.channel, "prompt_token_ids": req.prompt,
-                   "params": {"temperature": 0.0, "max_tokens": req.max_tokens, "ignore_eos": True}}  # fmt: skip
-        if prefill is not None:
-            message["prefill"] = {"replica_id": prefill}
+        params = self.protocol.WireSamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+        message = self.protocol.GenerateMessage(rid, self.channel, params, prompt_token_ids=req.prompt,
+                                                prefill_replica=prefill)  # fmt: skip
         req.replica = replica
         self.requests[rid] = req
         req.sent_at = time.monotonic()
-        self.redis.xadd(self.protocol.requests_key(replica), {"m": json.dumps(message)})
+        self.redis.xadd(self.protocol.requests_key(replica), {"m": self.protocol.encode(message.to_wire())})
 
     def kv_stats(self, rid: int) -> dict:
-        load = json.loads(self.redis.hget(self.protocol.status_key(rid), "load") or "{}")
-        return load.get("kv_transfer", {})
+        status = self.protocol.ReplicaStatus.from_hash(self.redis.hgetall(self.protocol.status_key(rid)))
+        return status.load.get("kv_transfer", {})
 
     def close(self) -> None:
         stop(self.procs, self.logs, timeout=10)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from workers.engine.errors import ModelLoadError
-from workers.model_files import architecture, read_config
+from workers.protocol.model_files import architecture, read_config
 
 DTYPES = {
     "float32": torch.float32,

@@ -1,6 +1,6 @@
 """Errors the engine raises for bad input, each naming what is wrong."""
 
-from workers.model_files import ModelDirectoryError, UnsupportedArchitectureError
+from workers.protocol.model_files import ModelDirectoryError, UnsupportedArchitectureError
 
 
 class EngineError(Exception):
@@ -8,7 +8,7 @@ class EngineError(Exception):
 
 
 # A model directory is missing, broken, or of an unsupported architecture. The directory
-# checks live in the torch-free `workers.model_files` (the catalog shares them), so loading
+# checks live in the torch-free `workers.protocol.model_files` (the catalog shares them), so loading
 # errors are that module's class under the engine's name.
 ModelLoadError = ModelDirectoryError
 

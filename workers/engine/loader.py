@@ -13,7 +13,7 @@ from safetensors import safe_open
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.models import model_class
-from workers.model_files import model_file, weight_files
+from workers.protocol.model_files import model_file, weight_files
 
 
 def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workers.engine.errors import RequestError
+
+if TYPE_CHECKING:
+    from workers.protocol.replica import WireSamplingParams
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed's range (it wraps negative seeds; we refuse them)
 MAX_LOGPROBS = 20
@@ -108,6 +112,24 @@ class SamplingParams:
         self.stop_token_ids = [_within("stop_token_ids", _integer("stop_token_ids", t), 0) for t in ids]
         self.ignore_eos = _bool("ignore_eos", self.ignore_eos)
         self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
+
+    @classmethod
+    def from_wire(cls, wire: WireSamplingParams) -> SamplingParams:
+        """The parameters a request carried (workers.protocol.replica), checked like any."""
+        return cls(
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            top_k=wire.top_k,
+            min_p=wire.min_p,
+            seed=wire.seed,
+            presence_penalty=wire.presence_penalty,
+            frequency_penalty=wire.frequency_penalty,
+            repetition_penalty=wire.repetition_penalty,
+            max_tokens=wire.max_tokens,
+            stop=wire.stop,
+            ignore_eos=wire.ignore_eos,
+            logprobs=wire.logprobs,
+        )
 
     @staticmethod
     def _stop_strings(stop) -> list[str]:

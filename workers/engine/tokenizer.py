@@ -13,7 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
 from workers.engine.errors import ModelLoadError, RequestError
-from workers.model_files import model_file
+from workers.protocol.model_files import model_file
 
 
 def _token_str(value) -> str | None:

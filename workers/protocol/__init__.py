@@ -2,6 +2,11 @@
 Django-free, so that the web process, the control worker, node agents and replicas all import
 them. Each message is a typed dataclass with a `version`; both ends build and read it here.
 
-- `control`: node agent <-> control worker (Celery task names and queues, replica specs,
-  replica events, node reports).
+- `replica`: gateway <-> replica (request stream messages, reply events, the status hash, the
+  wire form of sampling parameters, replica specs, Redis key names).
+- `control`: node agent <-> control worker (Celery task names and queues, replica events, node
+  reports).
+- `model_files`: what a model directory must hold, read without torch (the engine's loader and
+  the catalog both check with it).
+- `wire`: what the messages share (ProtocolError, the version check).
 """

@@ -20,9 +20,10 @@ moves on a message newer than the last one applied.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
-from workers.replica.protocol import ReplicaSpec
+from workers.protocol.replica import ReplicaSpec
+from workers.protocol.wire import ProtocolError, from_wire
 
 VERSION = 1
 CONTROL_QUEUE = "control"
@@ -38,29 +39,13 @@ def node_queue(name: str) -> str:
     return f"node.{name}"
 
 
-class ProtocolError(ValueError):
-    """A message that this side cannot read (a newer version, a missing field)."""
-
-
-def _from_wire(cls, data: dict):
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    if int(data.get("version", VERSION)) > VERSION:
-        raise ProtocolError(f"{cls.__name__} version {data['version']} is newer than this side's {VERSION}")
-    known = {f.name for f in fields(cls)}
-    try:
-        return cls(**{k: v for k, v in data.items() if k in known})
-    except TypeError as exc:
-        raise ProtocolError(f"{cls.__name__}: {exc}") from None
-
-
 class Wire:
     def to_wire(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_wire(cls, data: dict):
-        return _from_wire(cls, data)
+        return from_wire(cls, data)
 
 
 @dataclass
@@ -120,7 +105,7 @@ class NodeReport(Wire):
 
     @classmethod
     def from_wire(cls, data: dict) -> NodeReport:
-        report = _from_wire(cls, data)
+        report = from_wire(cls, data)
         report.replicas = [r if isinstance(r, ReplicaReport) else ReplicaReport.from_wire(r) for r in report.replicas]
         return report
 
@@ -128,4 +113,4 @@ class NodeReport(Wire):
 def spec_from_wire(data: dict) -> ReplicaSpec:
     if not isinstance(data, dict) or "replica_id" not in data:
         raise ProtocolError("a replica spec needs at least replica_id")
-    return _from_wire(ReplicaSpec, data)
+    return from_wire(ReplicaSpec, data)

@@ -1,7 +1,7 @@
 """`python -m workers.replica --replica-id N [--spec FILE]`: run one engine replica.
 
 The node agent's supervisor starts it with `SWITCHYARD_REPLICA_SPEC` pointing at the spec it
-wrote (see protocol.ReplicaSpec); `--spec` does the same by hand.
+wrote (see workers.protocol.replica.ReplicaSpec); `--spec` does the same by hand.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.spec is None or not Path(args.spec).is_file():
         parser.error(f"no replica spec: pass --spec FILE or set SWITCHYARD_REPLICA_SPEC (got {args.spec})")
 
-    from workers.replica.protocol import ReplicaSpec
+    from workers.protocol.replica import ReplicaSpec
 
     spec = ReplicaSpec.from_json(Path(args.spec).read_text())
     if spec.replica_id != args.replica_id:

@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.kvtransfer import KVTransferError, layout_mismatch
 from workers.kvtransfer.mooncake import Transfer
-from workers.replica import protocol
+from workers.protocol import replica as protocol
+from workers.protocol.replica import (
+    HANDOFF_MESSAGES,
+    PrefilledMessage,
+    PrefillFailedMessage,
+    PrefillMessage,
+    WireSamplingParams,
+)
+from workers.protocol.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 QUARANTINE_GRACE_SECONDS = 5.0
@@ -41,7 +49,7 @@ class Handoff:
     """A request the decode replica waits on a prefill replica for."""
 
     prompt_ids: list[int]
-    params: dict
+    params: WireSamplingParams
     blocks: list[int]
     deadline: float
     prefill_replica: int
@@ -103,16 +111,31 @@ class Disaggregation:
     def endpoint(self) -> dict:
         return {**self.kv.endpoint(), "layout": self.layout}
 
-    def handle(self, message: dict) -> None:
+    def handle(self, data: dict) -> None:
         """A message between replicas, off the request stream."""
-        handler = {"prefill": self.on_prefill, "prefilled": self.on_prefilled, "prefill_failed": self.on_prefill_failed}
-        if message.get("type") in handler:
-            handler[message["type"]](message)
+        kind = data.get("type")
+        cls = HANDOFF_MESSAGES.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            return
+        try:
+            message = cls.from_wire(data)
+        except ProtocolError as exc:
+            log.warning("dropping a %s message: %s", kind, exc)
+            reply = data.get("reply_stream")
+            if cls is PrefillMessage and isinstance(reply, str):  # the decode side need not wait out its deadline
+                self._send(reply, PrefillFailedMessage(str(data.get("id", "")), f"cannot prefill: {exc}"))
+            return
+        if isinstance(message, PrefillMessage):
+            self.on_prefill(message)
+        elif isinstance(message, PrefilledMessage):
+            self.on_prefilled(message)
+        else:
+            self.on_prefill_failed(message)
 
     # -- decode side --------------------------------------------------------------------------
-    def start_handoff(self, rid: str, prompt_ids: list[int], params: dict, prefill_replica: int) -> bool:
+    def start_handoff(self, rid: str, prompt_ids: list[int], params: WireSamplingParams, prefill_replica: int) -> bool:
         """Reserve blocks and ask the prefill replica; False if this replica must prefill itself."""
-        SamplingParams(**params)  # bad params or prompt fail here, before anything is reserved
+        SamplingParams.from_wire(params)  # bad params or prompt fail here, before anything is reserved
         self.engine.check_prompt(prompt_ids)
         blocks = self.engine.reserve_blocks(len(prompt_ids))
         if blocks is None:
@@ -120,21 +143,12 @@ class Disaggregation:
             return False
         deadline = time.time() + self.timeout
         self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica)
-        message = {
-            "type": "prefill",
-            "id": rid,
-            "prompt_token_ids": prompt_ids,
-            "params": params,
-            "kv": self.endpoint(),
-            "blocks": blocks,
-            "reply_stream": self.server.stream,
-            "deadline": deadline,
-        }
+        message = PrefillMessage(rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline)
         self._send(protocol.requests_key(prefill_replica), message)
         return True
 
-    def on_prefilled(self, message: dict) -> None:
-        rid = message.get("id", "")
+    def on_prefilled(self, message: PrefilledMessage) -> None:
+        rid = message.id
         handoff = self.waiting.pop(rid, None)
         if handoff is None:  # we gave up on it already: the write is over, free the blocks
             self._unquarantine(rid)
@@ -142,33 +156,33 @@ class Disaggregation:
         if handoff.aborted:
             self.engine.release_blocks(handoff.blocks)
             return
-        logprobs = {int(k): v for k, v in message["logprobs"].items()} if message.get("logprobs") else None
+        logprobs = {int(k): v for k, v in message.logprobs.items()} if message.logprobs else None
         self.stats.handoffs += 1
         self.stats.blocks_received += len(handoff.blocks)
-        self.stats.bytes_received += int(message.get("bytes", 0))
+        self.stats.bytes_received += int(message.bytes)
         delta = self.engine.add_prefilled_request(
             rid,
             handoff.prompt_ids,
-            SamplingParams(**handoff.params),
+            SamplingParams.from_wire(handoff.params),
             handoff.blocks,
-            int(message["first_token"]),
+            int(message.first_token),
             logprobs,
-            int(message.get("cached_tokens", 0)),
+            int(message.cached_tokens),
         )
         req = self.server.inflight.get(rid)
         if req is not None:
-            req.meta["prefill"] = {"replica": handoff.prefill_replica, "transfer_ms": message.get("transfer_ms")}
+            req.meta["prefill"] = {"replica": handoff.prefill_replica, "transfer_ms": message.transfer_ms}
         self.server.collect([delta])
 
-    def on_prefill_failed(self, message: dict) -> None:
-        rid = message.get("id", "")
+    def on_prefill_failed(self, message: PrefillFailedMessage) -> None:
+        rid = message.id
         handoff = self.waiting.pop(rid, None)
         if handoff is None:
             self._unquarantine(rid)
             return
         self.engine.release_blocks(handoff.blocks)  # the prefill side wrote nothing
         if not handoff.aborted:
-            self._fallback(rid, handoff, message.get("reason", "prefill failed"))
+            self._fallback(rid, handoff, message.reason)
 
     def abort(self, rid: str) -> bool:
         handoff = self.waiting.get(rid)
@@ -213,7 +227,7 @@ class Disaggregation:
         if req is not None:
             req.meta["fallback"] = reason
         try:
-            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams(**handoff.params))
+            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params))
         except RequestError as exc:  # cannot happen for a request that was accepted; be safe
             self.server.fail(rid, str(exc))
 
@@ -223,25 +237,24 @@ class Disaggregation:
         self.stats.fallback_reasons[key] = self.stats.fallback_reasons.get(key, 0) + 1
 
     # -- prefill side -------------------------------------------------------------------------
-    def on_prefill(self, message: dict) -> None:
-        rid = message.get("id", "")
-        reply = message.get("reply_stream")
-        remote = message.get("kv") or {}
+    def on_prefill(self, message: PrefillMessage) -> None:
+        rid, reply = message.id, message.reply_stream
+        remote = message.kv if isinstance(message.kv, dict) else {}
         problem = layout_mismatch(self.layout, remote.get("layout") or {})
-        if problem is None and time.time() >= float(message.get("deadline", 0)):
+        if problem is None and time.time() >= float(message.deadline):
             problem = "the deadline passed before the prefill started"
         if problem is None:
             try:
-                params = {**(message.get("params") or {}), "max_tokens": 1}
-                prompt = [int(t) for t in message["prompt_token_ids"]]
-                self.engine.add_request(rid, prompt, SamplingParams(**params), hold_blocks=True)
+                params = SamplingParams.from_wire(replace(message.params, max_tokens=1))
+                prompt = [int(t) for t in message.prompt_token_ids]
+                self.engine.add_request(rid, prompt, params, hold_blocks=True)
             except (RequestError, KeyError, TypeError, ValueError) as exc:
                 problem = f"cannot prefill: {exc}"
         if problem is not None:
             log.warning("refusing prefill %s: %s", rid, problem)
-            self._send(reply, {"type": "prefill_failed", "id": rid, "reason": problem})
+            self._send(reply, PrefillFailedMessage(rid, problem))
             return
-        self.jobs[rid] = PrefillJob(remote, list(message["blocks"]), reply, float(message["deadline"]), len(prompt))
+        self.jobs[rid] = PrefillJob(remote, list(message.blocks), reply, float(message.deadline), len(prompt))
 
     def on_prefill_delta(self, delta) -> bool:
         """A step's delta for one of our prefill jobs: start writing its blocks."""
@@ -256,7 +269,7 @@ class Disaggregation:
             transfer = self.kv.start_write(job.remote, local, job.blocks)
         except (KVTransferError, KeyError) as exc:
             self.engine.release_held(rid)
-            self._send(job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            self._send(job.reply_stream, PrefillFailedMessage(rid, str(exc)))
             return True
         lp = delta.new_logprobs[0] if delta.new_logprobs else None
         sending = Sending(job, transfer, delta.new_token_ids[0], lp, delta.num_cached_tokens)
@@ -273,7 +286,7 @@ class Disaggregation:
         except KVTransferError as exc:
             del self.sending[rid]
             self.engine.release_held(rid)
-            self._send(sending.job.reply_stream, {"type": "prefill_failed", "id": rid, "reason": str(exc)})
+            self._send(sending.job.reply_stream, PrefillFailedMessage(rid, str(exc)))
             return
         del self.sending[rid]
         self.engine.release_held(rid)
@@ -284,23 +297,25 @@ class Disaggregation:
         lp = sending.logprobs
         self._send(
             sending.job.reply_stream,
-            {
-                "type": "prefilled",
-                "id": rid,
-                "first_token": sending.first_token,
-                "logprobs": {str(k): v for k, v in lp.items()} if lp else None,
-                "cached_tokens": sending.cached_tokens,
-                "bytes": transfer.nbytes,
-                "transfer_ms": round(transfer.seconds * 1000, 3),
-            },
+            PrefilledMessage(
+                rid,
+                sending.first_token,
+                logprobs={str(k): v for k, v in lp.items()} if lp else None,
+                cached_tokens=sending.cached_tokens,
+                bytes=transfer.nbytes,
+                transfer_ms=round(transfer.seconds * 1000, 3),
+            ),
         )
 
     def prefill_tokens_inflight(self) -> int:
         return sum(job.num_prompt_tokens for job in self.jobs.values())
 
-    def _send(self, stream: str | None, message: dict) -> None:
+    def _send(self, stream: str | None, message: PrefillMessage | PrefilledMessage | PrefillFailedMessage) -> None:
         """Onto another replica's request stream (the prefill side's, or the decode side's reply)."""
         if stream:
             self.server.redis.xadd(
-                stream, {"m": protocol.encode(message)}, maxlen=protocol.REQUEST_STREAM_MAXLEN, approximate=True
+                stream,
+                {"m": protocol.encode(message.to_wire())},
+                maxlen=protocol.REQUEST_STREAM_MAXLEN,
+                approximate=True,
             )

@@ -25,9 +25,21 @@ import redis
 
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
-from workers.replica import protocol
+from workers.protocol import replica as protocol
+from workers.protocol.replica import (
+    AbortMessage,
+    AcceptedEvent,
+    DeltaEvent,
+    ErrorEvent,
+    Event,
+    GenerateMessage,
+    MessageError,
+    ReplicaSpec,
+    ReplicaStatus,
+    Resume,
+)
+from workers.protocol.wire import ProtocolError
 from workers.replica.metrics import ReplicaMetrics
-from workers.replica.protocol import ReplicaSpec
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.1
@@ -37,7 +49,6 @@ READ_BATCH = 256
 # Redis unreachable: the intake retries after this, doubling up to the maximum.
 REDIS_RETRY_SECONDS = 0.2
 REDIS_RETRY_MAX_SECONDS = 2.0
-SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
 @dataclass
@@ -61,7 +72,7 @@ class ReplicaServer:
         # The intake thread's own connection: its blocking XREAD must not hold up a publish.
         self._intake_redis = redis.Redis.from_url(spec.redis_url, decode_responses=True)
         self.incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: list[tuple[str, dict]] = []  # events of this loop pass, sent as one batch
+        self._pending: list[tuple[str, Event]] = []  # events of this loop pass, sent as one batch
         self._publish_conn = redis.Redis.from_url(spec.redis_url).connection_pool.get_connection()
         self._unread_replies = 0
         self._stopping = threading.Event()
@@ -143,8 +154,12 @@ class ReplicaServer:
                 for entry_id, fields in entries:
                     self.last_id = entry_id
                     try:
-                        self.incoming.put(protocol.decode(fields["m"]))
+                        message = protocol.decode(fields["m"])
                     except (KeyError, ValueError):
+                        message = None
+                    if isinstance(message, dict):  # each kind is read (from_wire) where it is handled
+                        self.incoming.put(message)
+                    else:
                         log.warning("dropping malformed stream entry %s", entry_id)
 
     def _writing(self) -> bool:
@@ -159,9 +174,12 @@ class ReplicaServer:
             return
         while True:
             kind = message.get("type")
-            if kind == "abort":
-                self._abort(message.get("id", ""))
-            elif kind == "generate":
+            if kind == AbortMessage.TYPE:
+                try:
+                    self._abort(AbortMessage.from_wire(message).id)
+                except ProtocolError as exc:
+                    log.warning("dropping an abort message: %s", exc)
+            elif kind == GenerateMessage.TYPE:
                 self._admit(message)
             elif self.disagg is not None:
                 self.disagg.handle(message)
@@ -170,72 +188,71 @@ class ReplicaServer:
             except queue.Empty:
                 return
 
-    def _admit(self, message: dict) -> None:
+    def _admit(self, data: dict) -> None:
         """Admit one `generate` message, or answer it with an error event. Whatever is wrong
         with it ends there: the loop and the other requests go on."""
-        rid, reply_to = message.get("id"), message.get("reply_to")
+        rid, reply_to = data.get("id"), data.get("reply_to")  # whom to answer, even if the rest is unreadable
         if not (rid and reply_to and isinstance(rid, str) and isinstance(reply_to, str)):
-            log.warning("generate message without id or reply_to: %s", list(message))
+            log.warning("generate message without id or reply_to: %s", list(data))
             return
         if self.draining:
-            self._send(reply_to, {"id": rid, "type": "error", "status": 503, "message": "replica is draining"})
+            self._send(reply_to, ErrorEvent(rid, 503, "replica is draining"))
             return
-        chat = message.get("messages") is not None
+        chat = data.get("messages") is not None
         try:
-            raw = message.get("params") or {}
-            if not isinstance(raw, dict):
-                raise RequestError("sampling parameters must be an object", "params")
-            unknown = sorted(set(raw) - SAMPLING_FIELDS)
-            if unknown:
-                raise RequestError(f"unknown sampling parameter {unknown[0]!r}", unknown[0])
-            params = SamplingParams(**raw)
+            message = GenerateMessage.from_wire(data)
+            params = SamplingParams.from_wire(message.params)
             prompt_ids = self._prompt_ids(message)
-            output_ids, text_sent = _resumed(message.get("resume"), prompt_ids)
+            output_ids, text_sent = _resumed(message.resume, prompt_ids)
             prompt_ids = prompt_ids[: len(prompt_ids) - len(output_ids)]
-            prefill = message.get("prefill")
-            prefill = prefill.get("replica_id") if isinstance(prefill, dict) else None
+            prefill = message.prefill_replica
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
-            if not (self.disagg and prefill and self.disagg.start_handoff(rid, prompt_ids, raw, int(prefill))):
+            if not (self.disagg and prefill is not None
+                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill)):  # fmt: skip
                 self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
                                         emitted_text_len=text_sent)  # fmt: skip
-        except RequestError as exc:
+        except (RequestError, MessageError) as exc:
             # The engine names prompt problems `prompt`; a chat request sent `messages`.
             param = "messages" if exc.param == "prompt" and chat else exc.param
             code = "context_length_exceeded" if exc.param == "prompt" and "context" in str(exc) else "invalid_value"
-            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "message": str(exc), "param": param,
-                                  "code": code})  # fmt: skip
+            self._send(reply_to, ErrorEvent(rid, 400, str(exc), param, code))
+            return
+        except ProtocolError as exc:  # a newer gateway's message: what it asks may not be what this replica reads
+            log.warning("request %s refused: %s", rid, exc)
+            self._send(reply_to, ErrorEvent(rid, 500, str(exc), code="unsupported_version"))
             return
         except (TypeError, ValueError, OverflowError, AttributeError) as exc:
-            # Malformed beyond what the gateway lets through (token ids that are not integers...):
-            # the details go to the log, the client gets which part to fix.
+            # Malformed beyond what the gateway lets through (chat messages the template cannot
+            # render...): the details go to the log, the client gets which part to fix.
             log.warning("request %s refused: %s: %s", rid, type(exc).__name__, exc)
             param = "messages" if chat else "prompt"
-            self._send(reply_to, {"id": rid, "type": "error", "status": 400, "param": param, "code": "invalid_value",
-                                  "message": f"the request's {param} could not be read"})  # fmt: skip
+            self._send(reply_to, ErrorEvent(rid, 400, f"the request's {param} could not be read", param,
+                                            "invalid_value"))  # fmt: skip
             return
         except Exception:  # a bug met by this request alone must not end every other one
             log.exception("admitting request %s failed", rid)
-            self._send(reply_to, {"id": rid, "type": "error", "status": 500, "code": "replica_error",
-                                  "message": "the replica could not admit the request"})  # fmt: skip
+            self._send(reply_to, ErrorEvent(rid, 500, "the replica could not admit the request", code="replica_error"))
             return
         self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs)
-        accepted = {"id": rid, "type": "accepted", "prompt_tokens": len(prompt_ids)}
-        if message.get("return_prompt_token_ids") is True:  # the gateway keeps them to resume the request elsewhere
-            accepted["prompt_token_ids"] = prompt_ids
         handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
-        if handoff is not None:  # a prefill replica computes the prompt (unless it falls back later)
-            accepted["prefill_replica"] = handoff.prefill_replica
-        self._send(reply_to, accepted)
+        self._send(reply_to, AcceptedEvent(
+            rid,
+            len(prompt_ids),
+            # the gateway keeps them to resume the request elsewhere
+            prompt_token_ids=prompt_ids if message.return_prompt_token_ids else None,
+            # a prefill replica computes the prompt (unless it falls back later)
+            prefill_replica=handoff.prefill_replica if handoff is not None else None,
+        ))  # fmt: skip
 
-    def _prompt_ids(self, message: dict) -> list[int]:
-        if message.get("prompt_token_ids") is not None:
-            return [int(t) for t in message["prompt_token_ids"]]
+    def _prompt_ids(self, message: GenerateMessage) -> list[int]:
+        if message.prompt_token_ids is not None:
+            return message.prompt_token_ids
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer; send prompt_token_ids")
-        if message.get("messages") is not None:
-            return self.tokenizer.apply_chat_template(message["messages"], tools=message.get("tools"))
-        return self.tokenizer.encode(message.get("prompt") or "")
+        if message.messages is not None:
+            return self.tokenizer.apply_chat_template(message.messages, tools=message.tools)
+        return self.tokenizer.encode(message.prompt or "")
 
     def _abort(self, rid: str) -> None:
         if self.inflight.pop(rid, None) is not None:
@@ -248,7 +265,7 @@ class ReplicaServer:
         """End one request with an error event (the others carry on)."""
         req = self.inflight.pop(rid, None)
         if req is not None:
-            self._send(req.reply_to, {"id": rid, "type": "error", "status": 500, "message": message})
+            self._send(req.reply_to, ErrorEvent(rid, 500, message))
 
     # -- output -------------------------------------------------------------------------------
     def collect(self, deltas) -> None:
@@ -264,29 +281,28 @@ class ReplicaServer:
             if req.first_token_at is None:
                 req.first_token_at = now
             req.last_token_at = now
-            # `t`: when the token left the engine (wall clock), to measure delivery latency.
-            event = {"id": d.request_id, "type": "delta", "text": d.new_text, "token_ids": d.new_token_ids, "t": wall}
+            event = DeltaEvent(d.request_id, d.new_text, d.new_token_ids, wall)
             if d.new_logprobs is not None:
-                event["logprobs"] = [
+                event.logprobs = [
                     self._logprob_entry(t, lp, req.top_logprobs)
                     for t, lp in zip(d.new_token_ids, d.new_logprobs, strict=True)
                 ]
             if d.finished:
                 self.inflight.pop(d.request_id, None)
                 self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
-                event["finish_reason"] = d.finish_reason
-                event["stop_reason"] = d.stop_reason
-                event["usage"] = {
+                event.finish_reason = d.finish_reason
+                event.stop_reason = d.stop_reason
+                event.usage = {
                     "prompt_tokens": d.num_prompt_tokens,
                     "completion_tokens": d.num_output_tokens,
                     "cached_tokens": d.num_cached_tokens,
                 }
-                event["timings"] = {
+                event.timings = {
                     "ttft_ms": round((req.first_token_at - req.arrived) * 1000, 3),
                     "total_ms": round((now - req.arrived) * 1000, 3),
                 }
                 if req.meta:
-                    event["disaggregation"] = req.meta
+                    event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
 
     def _flush(self) -> None:
@@ -301,7 +317,7 @@ class ReplicaServer:
             if self._pending:
                 conn.send_packed_command(
                     conn.pack_commands(
-                        [("PUBLISH", channel, protocol.encode(event)) for channel, event in self._pending]
+                        [("PUBLISH", channel, protocol.encode(event.to_wire())) for channel, event in self._pending]
                     )
                 )
                 self._unread_replies = len(self._pending)
@@ -322,7 +338,7 @@ class ReplicaServer:
         for rid in list(self.inflight):
             self._abort(rid)
 
-    def _logprob_entry(self, token_id: int, logprobs: dict[int, float], top: int | None) -> dict:
+    def _logprob_entry(self, token_id: int, logprobs: dict[int, float], top: int | None) -> protocol.TokenLogprob:
         ranked = sorted(logprobs.items(), key=lambda kv: kv[1], reverse=True)[: top or 0]
         return {
             "id": token_id,
@@ -336,7 +352,7 @@ class ReplicaServer:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _send(self, channel: str, event: dict) -> None:
+    def _send(self, channel: str, event: Event) -> None:
         self._pending.append((channel, event))
 
     # -- reporting ----------------------------------------------------------------------------
@@ -352,7 +368,7 @@ class ReplicaServer:
         if now - mark_t >= 1.0:
             self.tokens_per_second = (stats["generated_tokens"] - mark_n) / (now - mark_t)
             self._rate_mark = (now, stats["generated_tokens"])
-        load = {
+        load: protocol.ReplicaLoad = {
             "role": self.spec.role,
             "running": stats["running"],
             "waiting": stats["waiting"],
@@ -362,57 +378,37 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
-        endpoint = {"stream": self.stream, "pid": os.getpid(), "max_model_len": self.engine.max_model_len}
+        endpoint: protocol.Endpoint = {
+            "stream": self.stream,
+            "pid": os.getpid(),
+            "max_model_len": self.engine.max_model_len,
+        }
         if self.disagg is not None:
             load["prefill_tokens_inflight"] = self.disagg.prefill_tokens_inflight()
             load["kv_writes_inflight"] = len(self.disagg.sending)
             load["handoffs_waiting"] = len(self.disagg.waiting)
             load["kv_transfer"] = self.disagg.stats.as_dict()
             endpoint["kv_session"] = self.disagg.kv.session
+        metrics = {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
+        status = ReplicaStatus(state, time.time(), self.incarnation, load=load, endpoint=endpoint, metrics=metrics)
         try:
-            self._write_status(state, load, endpoint)
+            self.redis.hset(self.status_key, mapping=status.to_hash())
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._on_redis_lost(exc)
 
-    def _write_status(self, state: str, load: dict, endpoint: dict) -> None:
-        self.redis.hset(
-            self.status_key,
-            mapping={
-                "state": state,
-                "load": protocol.encode(load),
-                "endpoint": protocol.encode(endpoint),
-                "metrics": protocol.encode(
-                    {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
-                ),
-                "heartbeat": f"{time.time():.3f}",
-                "incarnation": self.incarnation,
-            },
-        )
 
-
-def _resumed(resume, prompt_ids: list[int]) -> tuple[list[int], int]:
-    """A `resume` field: the last `output_tokens` of the prompt ids are output another replica
-    generated, of whose text `text_sent` characters reached the client. (None: a new request.)"""
+def _resumed(resume: Resume | None, prompt_ids: list[int]) -> tuple[list[int], int]:
+    """The output part of a resumed request's prompt ids, and how much of its text the client
+    has (None: a new request)."""
     if resume is None:
         return [], 0
-    if not isinstance(resume, dict):
-        raise RequestError("resume must be an object", "resume")
-    count, sent = resume.get("output_tokens"), resume.get("text_sent", 0)
-    for name, value in (("output_tokens", count), ("text_sent", sent)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise RequestError(f"resume.{name} must be an integer >= 0", "resume")
+    count = resume.output_tokens
     if count >= len(prompt_ids):
         raise RequestError("resume.output_tokens must leave a prompt before the output", "resume")
-    return (prompt_ids[len(prompt_ids) - count :] if count else []), sent
+    return (prompt_ids[len(prompt_ids) - count :] if count else []), resume.text_sent
 
 
 def report_progress(client: redis.Redis, replica_id: int, stage: str, fraction: float) -> None:
     """While loading: the supervisor mirrors this into the database for the console."""
-    client.hset(
-        protocol.status_key(replica_id),
-        mapping={
-            "state": "loading",
-            "progress": protocol.encode({"stage": stage, "fraction": round(fraction, 3)}),
-            "heartbeat": f"{time.time():.3f}",
-        },
-    )
+    status = ReplicaStatus("loading", time.time(), progress={"stage": stage, "fraction": round(fraction, 3)})
+    client.hset(protocol.status_key(replica_id), mapping=status.to_hash())

@@ -1,0 +1,642 @@
+"""Gateway <-> replica: what they say to each other through Redis, defined once for both ends
+(the web process's gateway and the replica process). Torch-free and Django-free.
+
+- The replica reads its **request stream** `switchyard:replica:<id>:requests` (XADD, one JSON
+  message in the entry's field `m`): from the gateway, `GenerateMessage` (a prompt as text,
+  token ids or chat messages, `WireSamplingParams` and the pub/sub channel to answer on) and
+  `AbortMessage` (the client went away); between the replicas of a disaggregated deployment,
+  `PrefillMessage`, `PrefilledMessage` and `PrefillFailedMessage` (see workers/replica/disagg.py).
+  A `generate` may ask `return_prompt_token_ids` (the gateway keeps them to resume the request
+  elsewhere), and a resumed one carries `Resume`: the last N of its `prompt_token_ids` are output
+  another replica generated, M characters of whose text the client already has.
+- It answers each request on the request's **reply channel** (pub/sub), one JSON event per
+  message, in order: `AcceptedEvent` (prompt tokenised), `DeltaEvent`s (new text, token ids,
+  logprobs; the last carries `finish_reason`, `usage` and `timings`), or an `ErrorEvent` (`status`,
+  `message`, `param`, `code`; e.g. 400 for a prompt over the context). `read_event` reads one.
+- It reports itself in the **status hash** `switchyard:replica:<id>:status`: `ReplicaStatus`
+  (state, load, endpoint, metrics, heartbeat, incarnation). The node agent's supervisor mirrors
+  it into the database; the gateway reads it to route and to notice a replica lost mid-request.
+- `ReplicaSpec`: everything a replica process starts with.
+
+Every message, event and status carries a `version`: a side refuses one newer than its own
+(`ProtocolError`) and ignores fields it does not know, so a field can be added without a new
+version. Each `to_wire` writes its JSON object by hand (no `asdict`, which copies deeply): a
+replica sends one delta per request per engine step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypedDict
+
+from workers.protocol.wire import ProtocolError, check_version, expect_object, from_wire
+
+VERSION = 1
+# A replica whose heartbeat is older than this is not sent new requests, and the streams of
+# its requests in flight end with an error.
+HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_STALE_SECONDS = 3.0
+REQUEST_STREAM_MAXLEN = 10_000
+
+
+def status_key(replica_id: int) -> str:
+    return f"switchyard:replica:{replica_id}:status"
+
+
+def requests_key(replica_id: int) -> str:
+    return f"switchyard:replica:{replica_id}:requests"
+
+
+# One encoder: json.dumps with any option builds a new JSONEncoder per call, which costs about
+# as much as typing an event does.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode(message: dict) -> str:
+    """A message's `to_wire()` as the JSON that travels (compact: it is sent per token)."""
+    return _ENCODER.encode(message)
+
+
+def decode(raw: str | bytes) -> dict:
+    return json.loads(raw)
+
+
+class MessageError(ProtocolError):
+    """A `generate` the replica can answer but not serve as sent: `param` names the request
+    parameter at fault, as the client knows it (`prompt`, `params`, `resume`, a sampling
+    parameter), so the error event can tell the client what to fix."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# -- sampling parameters ---------------------------------------------------------------------
+
+
+@dataclass
+class WireSamplingParams:
+    """The sampling parameters a `generate` carries: exactly what the gateway may send. The
+    gateway's parser fills and range-checks them; the engine's `SamplingParams.from_wire` builds
+    its own from them and checks every value again (a replica trusts no sender). Nothing is
+    checked here but the names: an unknown one is refused, never dropped, since a parameter
+    silently ignored would change the answer. The defaults are the engine's."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the context
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per generated token (the sampled one is always included)
+
+    def to_wire(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
+            "logprobs": self.logprobs,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Any) -> WireSamplingParams:
+        if not isinstance(data, dict):
+            raise MessageError("sampling parameters must be an object", "params")
+        unknown = sorted(set(data) - SAMPLING_NAMES)
+        if unknown:
+            raise MessageError(f"unknown sampling parameter {unknown[0]!r}", unknown[0])
+        return cls(**data)
+
+
+SAMPLING_NAMES = frozenset(f.name for f in fields(WireSamplingParams))
+
+
+# -- gateway -> replica ----------------------------------------------------------------------
+
+
+@dataclass
+class Resume:
+    """A request resumed on this replica: the last `output_tokens` of its `prompt_token_ids` are
+    output another replica generated, of whose text `text_sent` characters reached the client."""
+
+    output_tokens: int
+    text_sent: int = 0
+
+    def to_wire(self) -> dict:
+        return {"output_tokens": self.output_tokens, "text_sent": self.text_sent}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Resume:
+        if not isinstance(data, dict):
+            raise MessageError("resume must be an object", "resume")
+        count, sent = data.get("output_tokens"), data.get("text_sent", 0)
+        for name, value in (("output_tokens", count), ("text_sent", sent)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise MessageError(f"resume.{name} must be an integer >= 0", "resume")
+        return cls(count, sent)
+
+
+@dataclass
+class GenerateMessage:
+    """`generate`: one completion. The prompt is `messages` (chat, with the `tools` its template
+    renders), `prompt_token_ids`, or `prompt` (text), in that order of precedence. The gateway
+    builds one before it knows where it goes: `id` and `reply_to` are filled in when it is sent,
+    and `prefill_replica` when the router picked one."""
+
+    TYPE: ClassVar[str] = "generate"
+
+    id: str = ""
+    reply_to: str = ""  # the pub/sub channel of the request's events
+    params: WireSamplingParams = field(default_factory=WireSamplingParams)
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    # Disaggregated: the prefill replica to hand the prompt to. On the wire
+    # `"prefill": {"replica_id": n}`; a malformed one is ignored (the replica prefills itself).
+    prefill_replica: int | None = None
+    return_prompt_token_ids: bool = False
+    resume: Resume | None = None
+    version: int = VERSION
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "reply_to": self.reply_to, "version": self.version,
+                               "params": self.params.to_wire()}  # fmt: skip
+        for name in ("messages", "tools", "prompt_token_ids", "prompt"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.prefill_replica is not None:
+            out["prefill"] = {"replica_id": self.prefill_replica}
+        if self.return_prompt_token_ids:
+            out["return_prompt_token_ids"] = True
+        if self.resume is not None:
+            out["resume"] = self.resume.to_wire()
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any) -> GenerateMessage:
+        """Raises ProtocolError for a message that cannot be answered at all (no id or reply_to)
+        or read (a newer version), MessageError for one to answer with a 400 naming the
+        parameter. Checks shapes only, in the order the replica always has (sampling parameters
+        first); values are the engine's to check."""
+        check_version(cls, expect_object(cls, data))
+        rid, reply_to = data.get("id"), data.get("reply_to")
+        if not (isinstance(rid, str) and rid and isinstance(reply_to, str) and reply_to):
+            raise ProtocolError("GenerateMessage: id and reply_to must be non-empty strings")
+        resume = data.get("resume")
+        return cls(
+            id=rid,
+            reply_to=reply_to,
+            params=WireSamplingParams.from_wire(data.get("params") or {}),
+            messages=_typed(data, "messages", list, "a list", "messages"),
+            tools=_typed(data, "tools", list, "a list", "tools"),
+            prompt_token_ids=_token_ids(data.get("prompt_token_ids")),
+            prompt=_typed(data, "prompt", str, "a string", "prompt"),
+            prefill_replica=_prefill_replica(data.get("prefill")),
+            return_prompt_token_ids=data.get("return_prompt_token_ids") is True,
+            resume=None if resume is None else Resume.from_wire(resume),
+        )
+
+
+def _typed(data: dict, name: str, kind: type, what: str, param: str):
+    value = data.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise MessageError(f"{name} must be {what}, got {type(value).__name__}", param)
+    return value
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(t) is int for t in value):
+        raise MessageError("prompt_token_ids must be a list of integers", "prompt")
+    return value
+
+
+def _prefill_replica(value: Any) -> int | None:
+    replica = value.get("replica_id") if isinstance(value, dict) else None
+    return replica if type(replica) is int else None
+
+
+@dataclass
+class AbortMessage:
+    """`abort`: the client went away; drop the request and free what it holds."""
+
+    TYPE: ClassVar[str] = "abort"
+
+    id: str
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "id": self.id, "version": self.version}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> AbortMessage:
+        return from_wire(cls, data)
+
+
+# -- replica -> gateway: events on the reply channel -----------------------------------------
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int  # resumed output included
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+class Timings(TypedDict):
+    ttft_ms: float  # arrival at the replica -> first token
+    total_ms: float
+
+
+class TopLogprob(TypedDict):
+    id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprob(TypedDict):
+    id: int  # the sampled token
+    token: str
+    logprob: float
+    top: list[TopLogprob]  # the request's top-N, best first
+
+
+class Disaggregation(TypedDict, total=False):
+    prefill: dict  # {"replica": id, "transfer_ms": ms}: a prefill replica computed the prompt
+    fallback: str  # why this (decode) replica computed it after all
+
+
+@dataclass(slots=True)
+class AcceptedEvent:
+    """The prompt is tokenised and fits: the request runs. `prompt_token_ids` when the
+    `generate` asked for them; `prefill_replica` when the prompt was handed to one."""
+
+    TYPE: ClassVar[str] = "accepted"
+    final: ClassVar[bool] = False
+
+    id: str
+    prompt_tokens: int
+    prompt_token_ids: list[int] | None = None
+    prefill_replica: int | None = None
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "version": self.version,
+                               "prompt_tokens": self.prompt_tokens}  # fmt: skip
+        if self.prompt_token_ids is not None:
+            out["prompt_token_ids"] = self.prompt_token_ids
+        if self.prefill_replica is not None:
+            out["prefill_replica"] = self.prefill_replica
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any) -> AcceptedEvent:
+        return from_wire(cls, data)
+
+
+@dataclass(slots=True)
+class DeltaEvent:
+    """New output of one engine step. The last one (`final`) carries `finish_reason`,
+    `stop_reason` (the stop string or token id that ended it, if any), `usage`, `timings` and,
+    on a disaggregated deployment, `disaggregation`."""
+
+    TYPE: ClassVar[str] = "delta"
+
+    id: str
+    text: str
+    token_ids: list[int]
+    t: float | None = None  # wall clock when the tokens left the engine: delivery latency is measured from it
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    disaggregation: Disaggregation | None = None
+    version: int = VERSION
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"type": "delta", "id": self.id, "version": self.version, "text": self.text,
+                               "token_ids": self.token_ids}  # fmt: skip
+        if self.t is not None:
+            out["t"] = self.t
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        if self.finish_reason is not None:
+            out["finish_reason"] = self.finish_reason
+            out["stop_reason"] = self.stop_reason
+            out["usage"] = self.usage
+            out["timings"] = self.timings
+            if self.disaggregation:
+                out["disaggregation"] = self.disaggregation
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any) -> DeltaEvent:
+        if not (isinstance(data, dict) and isinstance(data.get("id"), str)):
+            raise ProtocolError("DeltaEvent: expected an object with a string id")
+        if data.get("version", VERSION) != VERSION:  # read per token: the usual case costs one lookup
+            check_version(cls, data)
+        get = data.get
+        return cls(
+            data["id"],
+            get("text") or "",
+            get("token_ids") or [],
+            get("t"),
+            get("logprobs"),
+            get("finish_reason"),
+            get("stop_reason"),
+            get("usage"),
+            get("timings"),
+            get("disaggregation"),
+        )
+
+
+@dataclass(slots=True)
+class ErrorEvent:
+    """The request ended, or was never admitted. `status` is HTTP's: 400 for the request's own
+    fault (`param` names the parameter, `code` is OpenAI's: `invalid_value`,
+    `context_length_exceeded`), 503 when the replica is draining (the gateway tries another),
+    500 for the replica failing."""
+
+    TYPE: ClassVar[str] = "error"
+    final: ClassVar[bool] = True
+
+    id: str
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "version": self.version, "status": self.status,
+                               "message": self.message}  # fmt: skip
+        if self.param is not None:
+            out["param"] = self.param
+        if self.code is not None:
+            out["code"] = self.code
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ErrorEvent:
+        return from_wire(cls, data)
+
+
+Event = AcceptedEvent | DeltaEvent | ErrorEvent
+EVENTS: dict[str, type[Event]] = {cls.TYPE: cls for cls in (AcceptedEvent, DeltaEvent, ErrorEvent)}
+
+
+def read_event(data: Any) -> Event:
+    """One event off a reply channel, by its `type`; ProtocolError if this side cannot read it."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a replica event must be an object, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = EVENTS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"not a replica event: type {kind!r}"[:120])
+    return cls.from_wire(data)
+
+
+# -- replica <-> replica: the prefill handoff of a disaggregated deployment ------------------
+
+
+@dataclass
+class PrefillMessage:
+    """Decode replica -> prefill replica: compute this prompt and write its KV into my
+    `blocks` (Mooncake endpoint and KV layout in `kv`) before `deadline` (unix time); answer on
+    `reply_stream` (my request stream)."""
+
+    TYPE: ClassVar[str] = "prefill"
+
+    id: str
+    prompt_token_ids: list[int]
+    params: WireSamplingParams
+    kv: dict
+    blocks: list[int]
+    reply_stream: str
+    deadline: float
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "id": self.id, "version": self.version, "prompt_token_ids": self.prompt_token_ids,
+                "params": self.params.to_wire(), "kv": self.kv, "blocks": self.blocks,
+                "reply_stream": self.reply_stream, "deadline": self.deadline}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: Any) -> PrefillMessage:
+        message = from_wire(cls, data)
+        message.params = WireSamplingParams.from_wire(message.params or {})
+        return message
+
+
+@dataclass
+class PrefilledMessage:
+    """Prefill replica -> decode replica: the KV is written; the first token (its logprobs by
+    token id, as strings: JSON keys) and how many prompt tokens came from the prefix cache."""
+
+    TYPE: ClassVar[str] = "prefilled"
+
+    id: str
+    first_token: int
+    logprobs: dict[str, float] | None = None
+    cached_tokens: int = 0
+    bytes: int = 0
+    transfer_ms: float | None = None
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "id": self.id, "version": self.version, "first_token": self.first_token,
+                "logprobs": self.logprobs, "cached_tokens": self.cached_tokens, "bytes": self.bytes,
+                "transfer_ms": self.transfer_ms}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: Any) -> PrefilledMessage:
+        return from_wire(cls, data)
+
+
+@dataclass
+class PrefillFailedMessage:
+    """Prefill replica -> decode replica: nothing was written (`reason`); prefill it yourself."""
+
+    TYPE: ClassVar[str] = "prefill_failed"
+
+    id: str
+    reason: str = "prefill failed"
+    version: int = VERSION
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "id": self.id, "version": self.version, "reason": self.reason}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> PrefillFailedMessage:
+        return from_wire(cls, data)
+
+
+HANDOFF_MESSAGES: dict[str, type[PrefillMessage | PrefilledMessage | PrefillFailedMessage]] = {
+    cls.TYPE: cls for cls in (PrefillMessage, PrefilledMessage, PrefillFailedMessage)
+}
+
+
+# -- the status hash -------------------------------------------------------------------------
+
+
+class Progress(TypedDict):
+    stage: str  # "loading weights"...
+    fraction: float
+
+
+class ReplicaLoad(TypedDict, total=False):
+    role: str
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    tokens_per_second: float
+    prefix_cache_hits: int
+    prefix_cache_queries: int
+    # prefill and decode roles
+    prefill_tokens_inflight: int
+    kv_writes_inflight: int
+    handoffs_waiting: int
+    kv_transfer: dict  # KV transfer counters
+
+
+class Endpoint(TypedDict, total=False):
+    stream: str  # the request stream
+    pid: int
+    max_model_len: int
+    kv_session: str  # prefill and decode roles: the Mooncake session
+
+
+STATES = ("loading", "ready", "draining", "stopped")
+_JSON_FIELDS = ("progress", "load", "endpoint", "metrics")
+
+
+@dataclass
+class ReplicaStatus:
+    """What a replica reports of itself, in its status hash (the replica is its one writer).
+    `state`: loading -> ready -> draining -> stopped ("" when it has reported nothing).
+    `progress` while loading; `load`, `endpoint`, `metrics` (ReplicaMetrics: counters and
+    histograms) and `incarnation` (changes with each process start) once it serves. A field left
+    empty is not written, so what an earlier write put there stays."""
+
+    state: str = ""
+    heartbeat: float = 0.0  # unix time of the last report
+    incarnation: str = ""
+    progress: Progress | None = None
+    load: ReplicaLoad = field(default_factory=dict)  # type: ignore[assignment]
+    endpoint: Endpoint = field(default_factory=dict)  # type: ignore[assignment]
+    metrics: dict = field(default_factory=dict)
+    version: int = VERSION
+
+    def is_fresh(self, now: float | None = None) -> bool:
+        """True while the heartbeat is recent: the replica is alive."""
+        return (now or time.time()) - self.heartbeat < HEARTBEAT_STALE_SECONDS
+
+    @property
+    def serving(self) -> bool:
+        return self.state in ("ready", "draining")
+
+    def to_hash(self) -> dict[str, str]:
+        out = {"state": self.state, "heartbeat": f"{self.heartbeat:.3f}", "version": str(self.version)}
+        if self.incarnation:
+            out["incarnation"] = self.incarnation
+        for name in _JSON_FIELDS:
+            value = getattr(self, name)
+            if value:
+                out[name] = encode(value)
+        return out
+
+    @classmethod
+    def from_hash(cls, raw: dict) -> ReplicaStatus:
+        """The status from the hash as read (`{}` when there is none: state ""). A garbled field
+        reads as empty; ProtocolError when it was written by a newer replica."""
+        version = raw.get("version")
+        if version is not None:
+            try:
+                version = int(version)
+            except ValueError:
+                raise ProtocolError(f"ReplicaStatus: version must be an integer, got {version!r}"[:120]) from None
+            check_version(cls, {"version": version})
+        try:
+            heartbeat = float(raw.get("heartbeat") or 0)
+        except ValueError:
+            heartbeat = 0.0
+        status = cls(state=raw.get("state") or "", heartbeat=heartbeat, incarnation=raw.get("incarnation") or "")
+        for name in _JSON_FIELDS:
+            if raw.get(name):
+                try:
+                    value = json.loads(raw[name])
+                except ValueError:
+                    continue
+                if isinstance(value, dict):
+                    setattr(status, name, value)
+        return status
+
+
+# -- what a replica starts with --------------------------------------------------------------
+
+
+@dataclass
+class ReplicaSpec:
+    """Everything a replica process needs to start. The control worker builds it from the
+    database and sends it to the node agent (workers.protocol.control), which fills in what is
+    its machine's (Redis URL, KV transfer address, threads) and writes it as JSON next to the
+    replica's log: the replica never reads the database."""
+
+    replica_id: int
+    deployment: str
+    model: str  # model directory
+    model_name: str
+    role: str = "colocated"
+    device: str = "cpu"
+    dtype: str = "auto"
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # per-step token budget: the prefill chunk size
+    max_model_len: int | None = None
+    kv_cache_bytes: int = 512 << 20
+    threads: int = 0  # torch threads on CPU; 0 keeps torch's default
+    # Disaggregated roles: how KV blocks move (Mooncake Transfer Engine).
+    kv_protocol: str = "tcp"
+    kv_host: str = "127.0.0.1"
+    kv_transfer_timeout: float = 2.0
+    # A decode replica prefills prompts shorter than this itself: moving their KV costs more
+    # than computing it, and their prefill barely delays the running batch.
+    local_prefill_tokens: int = 256
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    extra: dict = field(default_factory=dict)
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ReplicaSpec:
+        return from_wire(cls, json.loads(text))

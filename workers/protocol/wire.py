@@ -1,0 +1,49 @@
+"""What the messages of `workers.protocol` share: the error for a message this side cannot
+read, and how a message's version is checked against the version this side speaks."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A message that this side cannot read (a newer version, a missing field)."""
+
+
+def current_version(cls: type) -> int | None:
+    """The version this side speaks for `cls`: its `version` field's default (None: unversioned)."""
+    spec = cls.__dataclass_fields__.get("version")  # type: ignore[attr-defined]
+    return None if spec is None or spec.default is MISSING else spec.default
+
+
+def check_version(cls: type, data: dict) -> None:
+    """Refuse a message newer than this side: it may mean something this side would get wrong.
+    A message without a version is this side's (older senders and hand-written ones omit it)."""
+    current = current_version(cls)
+    if current is None or "version" not in data:
+        return
+    version = data["version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ProtocolError(f"{cls.__name__}: version must be an integer, got {version!r}"[:120])
+    if version > current:
+        raise ProtocolError(f"{cls.__name__} version {version} is newer than this side's {current}")
+
+
+def expect_object(cls: type, data: Any) -> dict:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    return data
+
+
+def from_wire(cls: type[T], data: Any) -> T:
+    """`cls` built from the wire's fields of the same names: unknown fields are ignored (a newer
+    sender may add optional ones), a newer version is refused, a missing field is an error."""
+    check_version(cls, expect_object(cls, data))
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    try:
+        return cls(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise ProtocolError(f"{cls.__name__}: {exc}") from None
