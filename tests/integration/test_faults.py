@@ -161,6 +161,10 @@ def test_agent_killed_under_twenty_streams_loses_none(platform):
 
 
 def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
+    from django.utils import timezone
+
+    from controlplane.inventory.models import Node
+
     _deploy(platform, 1)
     base, key, server = platform["base"], platform["key"], platform["redis"]
 
@@ -176,6 +180,7 @@ def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
     assert cut["error"]["code"] == "broker_unavailable" and cut["text"]
 
     server.start()  # back, and empty
+    returned = timezone.now()
 
     last = []
 
@@ -192,3 +197,9 @@ def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
         assert wait_for(served, 60, "a request to be served after Redis returned", interval=0.5)["text"]
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the last attempt: {last}") from None
+    # The Celery side came back too: the agent's reports reach the control worker again.
+    wait_for(
+        lambda: Node.objects.get(name=platform["node"]).last_heartbeat > returned,
+        30,
+        "the control worker to apply a node report sent after Redis returned",
+    )

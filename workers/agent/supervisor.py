@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+import redis
 
 from workers.agent.config import AgentConfig
 from workers.protocol.control import ReplicaEvent, ReplicaReport
@@ -142,6 +143,7 @@ class Supervisor:
         self.replicas: dict[int, Managed] = {}
         self.lock = threading.RLock()
         self._stop = threading.Event()
+        self._redis_down = False
         self.thread = threading.Thread(target=self._loop, name="replica-supervisor", daemon=True)
 
     def _event(self, m: Managed, kind: str, **fields) -> None:
@@ -320,8 +322,17 @@ class Supervisor:
     def _check_one(self, m: Managed) -> None:
         try:
             self._check(m)
-        except Exception:  # e.g. Redis unreachable: keep supervising the others, try again next pass
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # waited out: its status is read again later
+            if not self._redis_down:
+                log.warning("Redis unreachable (%s); replicas are still watched, their reports wait", exc)
+            self._redis_down = True
+            return
+        except Exception:  # keep supervising the others, try again next pass
             log.exception("supervising replica %s failed", m.replica_id)
+            return
+        if self._redis_down:
+            log.info("Redis is back")
+            self._redis_down = False
 
     def _check(self, m: Managed) -> None:
         now = time.monotonic()

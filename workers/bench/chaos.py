@@ -325,17 +325,26 @@ async def run_fault(name: str, stack: Stack, load: Load, quiet: bool) -> dict:
     log(f"{name:13s} failed {result['failed']:3d}/{result['total']:<4d} resumed {result['resumed']:3d}  "
         f"recovery {recovery if recovery is not None else 'never'} s  cut streams {cut}"
         + (f"  errors: {errors[:3]}" if errors else ""), quiet)  # fmt: skip
+    if name == "redis_outage":
+        down, back = t0, ref
+        in_flight = [r for r in window if r.start < down]
+        during = [r for r in window if down <= r.start < back]
+        after = [r for r in window if r.start >= back]
+        log(f"{'':13s} in flight when Redis went: {sum(not r.ok for r in in_flight)}/{len(in_flight)} failed; "
+            f"started while it was away: {sum(not r.ok for r in during)}/{len(during)} refused; "
+            f"started after it returned: {sum(not r.ok for r in after)}/{len(after)} failed", quiet)  # fmt: skip
     await asyncio.sleep(3)  # settle before the next fault
     return result
 
 
-async def hold_streams(stack: Stack, n: int, max_tokens: int) -> tuple[int, int]:
+async def hold_streams(stack: Stack, n: int, max_tokens: int) -> tuple[int, int, list[str]]:
     limits = httpx.Limits(max_connections=n + 16, max_keepalive_connections=n + 16)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=60), limits=limits) as http:
         url = f"{stack.base}/v1/chat/completions"
         records = await asyncio.gather(*(stream_once(http, url, stack.key, max_tokens) for _ in range(n)))
     held = sum(r.ok for r in records)
-    return held, n - held
+    errors = sorted({(r.error or "")[:120] for r in records if not r.ok})
+    return held, n - held, errors
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -368,8 +377,9 @@ async def _main(args) -> dict:
             f"{sum(r.cut for r in load.records)} cut streams", quiet)  # fmt: skip
         held, lost = (0, 0)
         if args.streams:
-            held, lost = await hold_streams(stack, args.streams, args.stream_tokens)
-            log(f"{args.streams} concurrent streams: {held} held, {lost} lost", quiet)
+            held, lost, errors = await hold_streams(stack, args.streams, args.stream_tokens)
+            log(f"{args.streams} concurrent streams: {held} held, {lost} lost" + (f": {errors[:3]}" if errors else ""),
+                quiet)  # fmt: skip
         return {"faults": results, "streams_held": held, "streams_lost": lost}
     finally:
         stack.close(keep=args.keep)
