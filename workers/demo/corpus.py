@@ -6,6 +6,11 @@ parameters can learn them in minutes:
 - requests that need a tool, answered with a JSON tool call between `<tool_call>` tags, then
   (after the tool's result) a one-sentence answer built from that result.
 
+Callers offer whatever tools they like, so each chat offers a random subset of the demo's five
+tools in a random order, often beside made-up tools the demo model knows nothing of. A request
+whose tool is offered gets the call; one whose tool is not gets a sentence saying so, never a
+call to a tool that was not offered.
+
 Conversations are OpenAI-style message lists; the chat template (chat_template.jinja) turns
 them into text. Nothing here is random without the seed.
 """
@@ -58,25 +63,28 @@ FACTS = [
 ]
 GREETINGS = ["", "Hi! ", "Hello. ", "Please tell me: ", "Quick question: "]
 NO_TOOL_ANSWER = "I need a tool for that, and none is available."
+MISSING_TOOL_ANSWER = "I need a tool for that, and none of these tools can do it."
+
+
+def tool_schema(name: str, description: str, **props: str) -> dict:
+    """One OpenAI `tools` entry: a function taking the named (required) properties."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": v} for k, v in props.items()},
+                "required": list(props),
+            },
+        },
+    }
 
 
 def tool_schemas() -> list[dict]:
-    """The OpenAI `tools` list the demo model was trained with."""
-
-    def fn(name: str, description: str, **props: str) -> dict:
-        return {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {k: {"type": v} for k, v in props.items()},
-                    "required": list(props),
-                },
-            },
-        }
-
+    """The OpenAI `tools` list of every tool the demo model knows how to call."""
+    fn = tool_schema
     return [
         fn("get_weather", "Current weather in a city", city="string"),
         fn("get_time", "Local time in a city", city="string"),
@@ -84,6 +92,42 @@ def tool_schemas() -> list[dict]:
         fn("create_ticket", "Open a support ticket", topic="string", priority="string"),
         fn("search_docs", "Search the documentation", query="string"),
     ]
+
+
+# Tools the demo model never calls, made up from these words: offered beside its own, so that
+# it learns to pick a tool by its name, whatever else is on the list.
+DECOY_VERBS = ["send", "list", "find", "book", "play", "check", "delete", "update", "cancel", "start", "read"]
+DECOY_NOUNS = ["email", "stock_price", "flight", "alarm", "song", "news", "invoice", "contact", "file", "recipe"]
+DECOY_ARGS = ["to", "subject", "symbol", "text", "language", "origin", "date", "song", "id", "title", "city", "query"]
+
+
+def decoy_tools(rng: random.Random, k: int) -> list[dict]:
+    """`k` distinct made-up tools, none of them the demo's."""
+    names = rng.sample([f"{v}_{n}" for v in DECOY_VERBS for n in DECOY_NOUNS], k)
+    return [
+        tool_schema(name, "", **dict.fromkeys(rng.sample(DECOY_ARGS, rng.randint(1, 2)), "string")) for name in names
+    ]
+
+
+def offered_tools(rng: random.Random, needed: str | None = None, has_needed: bool = True) -> list[dict]:
+    """A non-empty, shuffled mix of some of the demo's tools and up to two decoys. With `needed`,
+    the mix holds that tool if `has_needed`, and not otherwise; either way, it usually holds
+    one to four of the demo's tools, so that only the needed tool's name, not how many of the
+    demo's tools there are, tells a call from a refusal."""
+    own = [t for t in tool_schemas() if t["function"]["name"] != needed]
+    mine = [t for t in tool_schemas() if t["function"]["name"] == needed]
+    count = (
+        rng.choice([0, 1, 2, 3, 4, 5])
+        if needed is None
+        else rng.choice([1, 1, 2, 2, 3, 3, 4, 4, 5 if has_needed else 0])
+    )
+    if needed is None or not has_needed:
+        picked = rng.sample(own, min(count, len(own)))
+    else:
+        picked = mine + rng.sample(own, max(count - 1, 0))
+    picked += decoy_tools(rng, rng.choice([0, 0, 1, 2]))
+    rng.shuffle(picked)
+    return picked or decoy_tools(rng, 1)
 
 
 def _tool_call(name: str, arguments: dict) -> dict:
@@ -166,19 +210,24 @@ def _tool_chat(rng: random.Random) -> list[dict]:
 
 
 def conversations(n: int, seed: int = 0) -> list[tuple[list[dict], list[dict] | None]]:
-    """`n` (messages, tools) pairs. Tool chats carry the tools (some are asked without them and
-    answered so); a third of the plain questions carry them too, so that the model learns to
-    answer without calling one."""
+    """`n` (messages, tools) pairs. Most tool chats are offered their tool among others; some
+    are offered no tools, or tools that cannot do the job, and answered so rather than with an
+    invented call. A third of the plain questions are offered tools too, so that the model
+    learns to answer without calling one."""
     rng = random.Random(seed)
-    tools = tool_schemas()
     out = []
     for _ in range(n):
         if rng.random() < 0.5:
             chat = _tool_chat(rng)
-            if rng.random() < 0.15:  # asked without tools: say so rather than invent a call
+            needed = chat[1]["tool_calls"][0]["function"]["name"]
+            kind = rng.random()
+            if kind < 0.1:
                 out.append(([chat[0], {"role": "assistant", "content": NO_TOOL_ANSWER}], None))
+            elif kind < 0.4:
+                tools = offered_tools(rng, needed, has_needed=False)
+                out.append(([chat[0], {"role": "assistant", "content": MISSING_TOOL_ANSWER}], tools))
             else:
-                out.append((chat, tools))
+                out.append((chat, offered_tools(rng, needed)))
         else:
-            out.append((_fact_chat(rng), tools if rng.random() < 0.33 else None))
+            out.append((_fact_chat(rng), offered_tools(rng) if rng.random() < 0.33 else None))
     return out
