@@ -20,10 +20,10 @@ moves on a message newer than the last one applied.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from workers.protocol.replica import ReplicaSpec
-from workers.protocol.wire import ProtocolError, from_wire
+from workers.protocol.wire import ProtocolError, Wire, from_wire
 
 VERSION = 1
 CONTROL_QUEUE = "control"
@@ -37,15 +37,6 @@ NODE_REPORT = "control.node_report"  # args: [NodeReport as a dict]
 
 def node_queue(name: str) -> str:
     return f"node.{name}"
-
-
-class Wire:
-    def to_wire(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict):
-        return from_wire(cls, data)
 
 
 @dataclass
@@ -102,6 +93,9 @@ class NodeReport(Wire):
     replicas: list[ReplicaReport] = field(default_factory=list)
     leaving: bool = False  # the agent is shutting down: place nothing more on this node
     version: int = VERSION
+
+    def to_wire(self) -> dict:
+        return {**super().to_wire(), "replicas": [r.to_wire() for r in self.replicas]}
 
     @classmethod
     def from_wire(cls, data: dict) -> NodeReport:

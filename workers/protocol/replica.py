@@ -20,8 +20,9 @@
 
 Every message, event and status carries a `version`: a side refuses one newer than its own
 (`ProtocolError`) and ignores fields it does not know, so a field can be added without a new
-version. Each `to_wire` writes its JSON object by hand (no `asdict`, which copies deeply): a
-replica sends one delta per request per engine step.
+version. `to_wire` is `Wire`'s (workers/protocol/wire.py: shallow, None left out) unless a
+message's shape differs; `DeltaEvent` writes its JSON object by hand, since a replica sends one
+delta per request per engine step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypedDict
 
-from workers.protocol.wire import ProtocolError, check_version, expect_object, from_wire
+from workers.protocol.wire import ProtocolError, Wire, check_version, expect_object, from_wire
 
 VERSION = 1
 # A replica whose heartbeat is older than this is not sent new requests, and the streams of
@@ -77,7 +78,7 @@ class MessageError(ProtocolError):
 
 
 @dataclass
-class WireSamplingParams:
+class WireSamplingParams(Wire):
     """The sampling parameters a `generate` carries: exactly what the gateway may send. The
     gateway's parser fills and range-checks them; the engine's `SamplingParams.from_wire` builds
     its own from them and checks every value again (a replica trusts no sender). Nothing is
@@ -130,7 +131,7 @@ SAMPLING_NAMES = frozenset(f.name for f in fields(WireSamplingParams))
 
 
 @dataclass
-class Resume:
+class Resume(Wire):
     """A request resumed on this replica: the last `output_tokens` of its `prompt_token_ids` are
     output another replica generated, of whose text `text_sent` characters reached the client."""
 
@@ -152,7 +153,7 @@ class Resume:
 
 
 @dataclass
-class GenerateMessage:
+class GenerateMessage(Wire):
     """`generate`: one completion. The prompt is `messages` (chat, with the `tools` its template
     renders), `prompt_token_ids`, or `prompt` (text), in that order of precedence. The gateway
     builds one before it knows where it goes: `id` and `reply_to` are filled in when it is sent,
@@ -239,20 +240,13 @@ def _prefill_replica(value: Any) -> int | None:
 
 
 @dataclass
-class AbortMessage:
+class AbortMessage(Wire):
     """`abort`: the client went away; drop the request and free what it holds."""
 
     TYPE: ClassVar[str] = "abort"
 
     id: str
     version: int = VERSION
-
-    def to_wire(self) -> dict:
-        return {"type": self.TYPE, "id": self.id, "version": self.version}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> AbortMessage:
-        return from_wire(cls, data)
 
 
 # -- replica -> gateway: events on the reply channel -----------------------------------------
@@ -288,7 +282,7 @@ class Disaggregation(TypedDict, total=False):
 
 
 @dataclass(slots=True)
-class AcceptedEvent:
+class AcceptedEvent(Wire):
     """The prompt is tokenised and fits: the request runs. `prompt_token_ids` when the
     `generate` asked for them; `prefill_replica` when the prompt was handed to one."""
 
@@ -301,22 +295,9 @@ class AcceptedEvent:
     prefill_replica: int | None = None
     version: int = VERSION
 
-    def to_wire(self) -> dict:
-        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "version": self.version,
-                               "prompt_tokens": self.prompt_tokens}  # fmt: skip
-        if self.prompt_token_ids is not None:
-            out["prompt_token_ids"] = self.prompt_token_ids
-        if self.prefill_replica is not None:
-            out["prefill_replica"] = self.prefill_replica
-        return out
-
-    @classmethod
-    def from_wire(cls, data: Any) -> AcceptedEvent:
-        return from_wire(cls, data)
-
 
 @dataclass(slots=True)
-class DeltaEvent:
+class DeltaEvent(Wire):
     """New output of one engine step. The last one (`final`) carries `finish_reason`,
     `stop_reason` (the stop string or token id that ended it, if any), `usage`, `timings` and,
     on a disaggregated deployment, `disaggregation`."""
@@ -377,7 +358,7 @@ class DeltaEvent:
 
 
 @dataclass(slots=True)
-class ErrorEvent:
+class ErrorEvent(Wire):
     """The request ended, or was never admitted. `status` is HTTP's: 400 for the request's own
     fault (`param` names the parameter, `code` is OpenAI's: `invalid_value`,
     `context_length_exceeded`), 503 when the replica is draining (the gateway tries another),
@@ -392,19 +373,6 @@ class ErrorEvent:
     param: str | None = None
     code: str | None = None
     version: int = VERSION
-
-    def to_wire(self) -> dict:
-        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "version": self.version, "status": self.status,
-                               "message": self.message}  # fmt: skip
-        if self.param is not None:
-            out["param"] = self.param
-        if self.code is not None:
-            out["code"] = self.code
-        return out
-
-    @classmethod
-    def from_wire(cls, data: Any) -> ErrorEvent:
-        return from_wire(cls, data)
 
 
 Event = AcceptedEvent | DeltaEvent | ErrorEvent
@@ -426,7 +394,7 @@ def read_event(data: Any) -> Event:
 
 
 @dataclass
-class PrefillMessage:
+class PrefillMessage(Wire):
     """Decode replica -> prefill replica: compute this prompt and write its KV into my
     `blocks` (Mooncake endpoint and KV layout in `kv`) before `deadline` (unix time); answer on
     `reply_stream` (my request stream)."""
@@ -442,11 +410,6 @@ class PrefillMessage:
     deadline: float
     version: int = VERSION
 
-    def to_wire(self) -> dict:
-        return {"type": self.TYPE, "id": self.id, "version": self.version, "prompt_token_ids": self.prompt_token_ids,
-                "params": self.params.to_wire(), "kv": self.kv, "blocks": self.blocks,
-                "reply_stream": self.reply_stream, "deadline": self.deadline}  # fmt: skip
-
     @classmethod
     def from_wire(cls, data: Any) -> PrefillMessage:
         message = from_wire(cls, data)
@@ -455,7 +418,7 @@ class PrefillMessage:
 
 
 @dataclass
-class PrefilledMessage:
+class PrefilledMessage(Wire):
     """Prefill replica -> decode replica: the KV is written; the first token (its logprobs by
     token id, as strings: JSON keys) and how many prompt tokens came from the prefix cache."""
 
@@ -469,18 +432,9 @@ class PrefilledMessage:
     transfer_ms: float | None = None
     version: int = VERSION
 
-    def to_wire(self) -> dict:
-        return {"type": self.TYPE, "id": self.id, "version": self.version, "first_token": self.first_token,
-                "logprobs": self.logprobs, "cached_tokens": self.cached_tokens, "bytes": self.bytes,
-                "transfer_ms": self.transfer_ms}  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, data: Any) -> PrefilledMessage:
-        return from_wire(cls, data)
-
 
 @dataclass
-class PrefillFailedMessage:
+class PrefillFailedMessage(Wire):
     """Prefill replica -> decode replica: nothing was written (`reason`); prefill it yourself."""
 
     TYPE: ClassVar[str] = "prefill_failed"
@@ -488,13 +442,6 @@ class PrefillFailedMessage:
     id: str
     reason: str = "prefill failed"
     version: int = VERSION
-
-    def to_wire(self) -> dict:
-        return {"type": self.TYPE, "id": self.id, "version": self.version, "reason": self.reason}
-
-    @classmethod
-    def from_wire(cls, data: Any) -> PrefillFailedMessage:
-        return from_wire(cls, data)
 
 
 HANDOFF_MESSAGES: dict[str, type[PrefillMessage | PrefilledMessage | PrefillFailedMessage]] = {

@@ -1,10 +1,11 @@
 """What the messages of `workers.protocol` share: the error for a message this side cannot
-read, and how a message's version is checked against the version this side speaks."""
+read, how a message's version is checked against the version this side speaks, and `Wire`, the
+base that reads and writes a message."""
 
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T")
 
@@ -47,3 +48,26 @@ def from_wire(cls: type[T], data: Any) -> T:
         return cls(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
+
+
+class Wire:
+    """Base of the protocol's messages (dataclasses). `from_wire` reads one as the function
+    above does; `to_wire` writes its fields as a JSON object, shallow (no `asdict`, which copies
+    deeply): `type` first when the class has a TYPE, a nested message as its own wire form, and
+    a field that is None left out, since the reader's default is None (a field whose None means
+    something else writes its own `to_wire`)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str | None] = None
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"type": self.TYPE} if self.TYPE else {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value.to_wire() if isinstance(value, Wire) else value
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any):
+        return from_wire(cls, data)
