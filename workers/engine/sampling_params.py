@@ -115,21 +115,9 @@ class SamplingParams:
 
     @classmethod
     def from_wire(cls, wire: WireSamplingParams) -> SamplingParams:
-        """The parameters a request carried (workers.protocol.replica), checked like any."""
-        return cls(
-            temperature=wire.temperature,
-            top_p=wire.top_p,
-            top_k=wire.top_k,
-            min_p=wire.min_p,
-            seed=wire.seed,
-            presence_penalty=wire.presence_penalty,
-            frequency_penalty=wire.frequency_penalty,
-            repetition_penalty=wire.repetition_penalty,
-            max_tokens=wire.max_tokens,
-            stop=wire.stop,
-            ignore_eos=wire.ignore_eos,
-            logprobs=wire.logprobs,
-        )
+        """The parameters a request carried (workers.protocol.replica), checked like any: the
+        wire's names are this class's."""
+        return cls(**wire.to_wire())
 
     @staticmethod
     def _stop_strings(stop) -> list[str]:

@@ -99,20 +99,8 @@ class WireSamplingParams(Wire):
     logprobs: int | None = None  # top-N logprobs per generated token (the sampled one is always included)
 
     def to_wire(self) -> dict:
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "seed": self.seed,
-            "max_tokens": self.max_tokens,
-            "stop": self.stop,
-            "ignore_eos": self.ignore_eos,
-            "logprobs": self.logprobs,
-        }
+        """Every parameter, None included (`max_tokens` None means up to the context)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_wire(cls, data: Any) -> WireSamplingParams:
