@@ -468,7 +468,6 @@ class Endpoint(TypedDict, total=False):
     kv_session: str  # prefill and decode roles: the Mooncake session
 
 
-STATES = ("loading", "ready", "draining", "stopped")
 _JSON_FIELDS = ("progress", "load", "endpoint", "metrics")
 
 
