@@ -1,8 +1,8 @@
 """Turn a batch of logits into next tokens, honouring each request's SamplingParams.
 
 Order (as in transformers / vLLM): penalties → temperature → top-k → top-p → min-p → sample.
-Greedy rows take the argmax of the penalised logits. Seeded rows draw from their own
-`torch.Generator`, seeded for each token from (seed, output position) alone: a seed reproduces
+Greedy rows take the argmax of the penalised logits. Seeded rows draw from a
+`torch.Generator` seeded for each token from (seed, output position) alone: a seed reproduces
 its output whatever else shares the batch, and a request resumed on another replica after N
 tokens draws token N+1 exactly as the undisturbed run would have.
 Log-probabilities are those of the model (raw logits), as vLLM reports them.
@@ -71,6 +71,9 @@ def position_seed(seed: int, position: int) -> int:
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
+        # Seeded rows: reseeded before each draw from (seed, output position) alone, so one
+        # generator serves every seeded request and keeps nothing between draws.
+        self.seeded = torch.Generator()
 
     def __call__(self, logits: torch.Tensor, seqs) -> SampleResult:
         """logits: [len(seqs), vocab] fp32 on any device; seqs: the Sequences, in row order."""
@@ -91,8 +94,8 @@ class Sampler:
             probs = scaled.softmax(-1).cpu()
             # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
             generator = self.generator
-            if s.generator is not None:
-                generator = s.generator.manual_seed(position_seed(p.seed, s.num_output_tokens))
+            if p.seed is not None:
+                generator = self.seeded.manual_seed(position_seed(p.seed, s.num_output_tokens))
             noise = torch.empty_like(probs).exponential_(generator=generator)
             tokens[row] = int((probs / noise).argmax())
         logprobs: list[dict[int, float] | None] = [None] * len(seqs)

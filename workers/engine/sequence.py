@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 import time
 
-import torch
-
 from workers.engine.sampling_params import SamplingParams
 
 
@@ -43,9 +41,6 @@ class Sequence:
         self.emitted_text_len = 0  # how much of `text` step() has reported
         self.eos_token_ids = () if params.ignore_eos else eos_token_ids
         self.detokenizer = None  # an IncrementalDetokenizer when the model has a tokenizer
-        # Seeded: reseeded before each draw from (seed, output position) by the sampler, so the
-        # draws do not depend on how many happened before in this process.
-        self.generator = torch.Generator() if params.seed is not None else None
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
