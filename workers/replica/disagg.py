@@ -134,9 +134,9 @@ class Disaggregation:
 
     # -- decode side --------------------------------------------------------------------------
     def start_handoff(self, rid: str, prompt_ids: list[int], params: WireSamplingParams, prefill_replica: int) -> bool:
-        """Reserve blocks and ask the prefill replica; False if this replica must prefill itself."""
-        SamplingParams.from_wire(params)  # bad params or prompt fail here, before anything is reserved
-        self.engine.check_prompt(prompt_ids)
+        """Reserve blocks and ask the prefill replica; False if this replica must prefill itself.
+        `params` were checked by the caller (ReplicaServer._admit builds SamplingParams first)."""
+        self.engine.check_prompt(prompt_ids)  # a bad prompt fails here, before anything is reserved
         blocks = self.engine.reserve_blocks(len(prompt_ids))
         if blocks is None:
             self._count_fallback("no free KV blocks to reserve")
