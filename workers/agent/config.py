@@ -30,6 +30,7 @@ class AgentConfig:
     max_restarts: int
     backoff_seconds: float
     stop_timeout: float
+    hang_seconds: float  # a ready replica silent this long is killed (and restarted)
     # Filled into every replica spec: they describe this node, not the deployment.
     cpu_kv_bytes: int
     cpu_threads: int
@@ -55,6 +56,7 @@ class AgentConfig:
             max_restarts=int(_env("REPLICA_MAX_RESTARTS", "5")),
             backoff_seconds=float(_env("REPLICA_BACKOFF_SECONDS", "1")),
             stop_timeout=float(_env("REPLICA_STOP_TIMEOUT", "10")),
+            hang_seconds=float(_env("REPLICA_HANG_SECONDS", "30")),
             cpu_kv_bytes=int(_env("REPLICA_CPU_KV_BYTES", str(512 << 20))),
             cpu_threads=int(_env("REPLICA_CPU_THREADS", "0")),
             kv_protocol=_env("KV_TRANSFER_PROTOCOL", "tcp"),

@@ -135,7 +135,6 @@ class Supervisor:
     def __init__(self, config: AgentConfig, redis_client, report: Callable[[ReplicaEvent], None]):
         self.config = config
         self.node = config.node
-        self.hang_seconds = float(os.environ.get("REPLICA_HANG_SECONDS") or 30)
         self.log_dir = config.log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis = redis_client
@@ -347,9 +346,10 @@ class Supervisor:
                 m.process.kill()
             # Judged only on a fresh read: while Redis is unreachable no heartbeat is stale.
             if self._read_status(m) and m.want_running and self._hung(m):
-                log.warning("replica %s stopped heartbeating for %.0fs; killing it", m.replica_id, self.hang_seconds)
+                hang = self.config.hang_seconds
+                log.warning("replica %s stopped heartbeating for %.0fs; killing it", m.replica_id, hang)
                 with m.log_path.open("ab") as logf:
-                    logf.write(f"--- no heartbeat for {self.hang_seconds:.0f}s: killed by the node agent\n".encode())
+                    logf.write(f"--- no heartbeat for {hang:.0f}s: killed by the node agent\n".encode())
                 m.process.kill()
             return
         # The process has exited.
@@ -385,7 +385,7 @@ class Supervisor:
         """A ready replica whose heartbeat stopped (a hung process or device)."""
         if not m.ready or m.heartbeat is None:
             return False
-        return time.time() - m.heartbeat > max(self.hang_seconds, HEARTBEAT_STALE_SECONDS)
+        return time.time() - m.heartbeat > max(self.config.hang_seconds, HEARTBEAT_STALE_SECONDS)
 
     def _read_status(self, m: Managed) -> bool:
         """Refresh what the replica reports of itself; False when it has reported nothing."""
