@@ -113,7 +113,6 @@ class Managed:
     restart_at: float | None = None
     kill_at: float | None = None
     ready: bool = False
-    started_at: float = 0.0
     status: dict = field(default_factory=dict)  # the replica's last own report (load, endpoint, progress)
     heartbeat: float | None = None  # its last heartbeat (unix time), once ready
     sent_tail: str | None = None
@@ -219,7 +218,6 @@ class Supervisor:
                     continue
                 m.process = AdoptedProcess(pid)
                 m.restarts = restarts
-                m.started_at = time.monotonic()
                 self.replicas[spec.replica_id] = m
                 adopted.append(spec.replica_id)
                 log.info("adopted replica %s (pid %s), left running by an earlier agent", spec.replica_id, pid)
@@ -306,7 +304,6 @@ class Supervisor:
         m.pid_path.write_text(f"{m.process.pid} {m.restarts}")
         m.ready, m.status, m.heartbeat = False, {}, None
         m.restart_at = None
-        m.started_at = time.monotonic()
         self._event(m, "started", pid=m.process.pid)
 
     def _loop(self) -> None:
