@@ -6,36 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 
 import pytest
 import redis
 from celery import Celery
 
-from tests.support.stack import wait_for
 from workers.agent.outbox import Outbox
-from workers.bench.processes import free_port
+from workers.bench.processes import RedisServer, free_port
 from workers.protocol.control import CONTROL_QUEUE, NodeReport, ReplicaEvent
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _start(port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-
-    def up():
-        try:
-            return client.ping()
-        except redis.ConnectionError:
-            return False
-
-    wait_for(up, 10, "redis-server")
-    return process
 
 
 def _queued(client: redis.Redis) -> list[tuple[str, dict]]:
@@ -61,7 +41,8 @@ def test_messages_sent_during_a_broker_outage_arrive_in_order_when_it_returns():
         assert not outbox.flush(timeout=1.5)  # nothing can go: no broker
         assert outbox.pending() == 4
 
-        server = _start(port)
+        server = RedisServer(port)
+        server.start()
         assert outbox.flush(timeout=20)
         queued = _queued(redis.Redis(port=port))
         assert [(task, body.get("kind") or body.get("hostname")) for task, body in queued] == [
@@ -74,4 +55,3 @@ def test_messages_sent_during_a_broker_outage_arrive_in_order_when_it_returns():
         outbox.close(timeout=2)
         if server is not None:
             server.kill()
-            server.wait()

@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from workers.bench.processes import ROOT, free_port
+from workers.bench.processes import ROOT, RedisServer, free_port
 
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 RECOVERY_TIMEOUT = 180.0
@@ -104,45 +104,13 @@ async def stream_once(http: httpx.AsyncClient, url: str, key: str, max_tokens: i
     return rec
 
 
-class RedisServer:
-    """The benchmark's own Redis (the machine's is never stopped)."""
-
-    def __init__(self, workdir: Path):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--maxclients", "20000"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.workdir,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                import redis
-
-                if redis.Redis.from_url(self.url).ping():
-                    return
-            except Exception:
-                time.sleep(0.05)
-        raise SystemExit("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 class Stack:
     """`python -m scripts.run` on a temporary state directory, and the management API."""
 
     def __init__(self, quiet: bool, hang_seconds: float):
         self.quiet = quiet
         self.dir = Path(tempfile.mkdtemp(prefix="sy-chaos-"))
-        self.redis = RedisServer(self.dir)
+        self.redis = RedisServer(cwd=self.dir)
         self.redis.start()
         self.port = free_port()
         self.node = f"chaos-{uuid.uuid4().hex[:6]}"

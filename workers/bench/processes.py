@@ -6,7 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,3 +55,36 @@ def percentile(values: list[float], q: float) -> float:
     """The nearest-rank q-quantile (NaN for no values)."""
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+class RedisServer:
+    """A redis-server of its own, on `port` or a free one, so that it can be stopped (the
+    machine's Redis never is). Nothing is persisted: started again, it is empty."""
+
+    def __init__(self, port: int | None = None, cwd: Path | None = None):
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.cwd = cwd
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10) -> None:
+        """Start it and wait until it answers."""
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--maxclients", "20000"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.cwd,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=self.port) as client:
+            while time.monotonic() < deadline:
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout:g} s")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
