@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import redis.asyncio as aioredis
@@ -68,10 +67,6 @@ class RequestStream:
             if event.final:
                 self.finished = True
             return event
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while not self.finished:
-            yield await self.next_event()
 
     async def close(self) -> None:
         """Stop listening; if the request is still running, tell the replica to abort it. Either
