@@ -28,7 +28,6 @@ class Route:
     replica_id: int
     reason: str
     incarnation: str | None
-    max_model_len: int | None = None
     prefill_replica_id: int | None = None  # disaggregated: who computes the prompt
 
 
@@ -105,7 +104,7 @@ async def choose(
         ttl = deployment.cache_policy.session_affinity_ttl_seconds if deployment.cache_policy else 600
         await hub.redis.set(affinity_key(deployment.slug, session), rid, ex=max(ttl, 1))
         reason += ";session_recorded"
-    route = Route(rid, reason, status.incarnation or None, status.endpoint.get("max_model_len"))
+    route = Route(rid, reason, status.incarnation or None)
     if deployment.mode == Deployment.Mode.DISAGGREGATED:
         prefills = await _live(hub, candidates["prefill"])
         if prefills:
