@@ -110,7 +110,6 @@ class Generation:
     route: router.Route
     stream: RequestStream
     caller: Caller
-    prompt_tokens: int
     # Disaggregated: the prefill replica computing the prompt (None: the decode replica does).
     # From `accepted` (the prompt was handed over), then from the last event (it really was).
     prefill_replica: int | None = None
@@ -275,8 +274,8 @@ async def start(req: GenerationRequest, caller: Caller, session: str | None = No
     if not isinstance(first, AcceptedEvent):
         raise _refusal(req, first)
     progress = failover.Progress(first.prompt_token_ids or req.prompt_token_ids) if resumable else None
-    return Generation(stream.request_id, deployment, route, stream, caller, first.prompt_tokens,
-                      prefill_replica=first.prefill_replica, message=message, progress=progress)  # fmt: skip
+    return Generation(stream.request_id, deployment, route, stream, caller, prefill_replica=first.prefill_replica,
+                      message=message, progress=progress)  # fmt: skip
 
 
 def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
