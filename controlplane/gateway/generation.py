@@ -235,11 +235,11 @@ async def _place(
     tried = set(exclude)
     for _ in range(ATTEMPTS):
         request_id = new_id()
-        route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
-        sent = replace(message, prefill_replica=route.prefill_replica_id)
         try:
+            route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
+            sent = replace(message, prefill_replica=route.prefill_replica_id)
             stream = await hub.submit(route.replica_id, request_id, sent, route.incarnation)
-        except BaseException:  # not sent: it must not count against the replica
+        except BaseException:  # not sent (choose counts it before its last Redis calls): it must not count
             await hub.dispatched.done(request_id)
             raise
         try:

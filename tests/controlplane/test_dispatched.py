@@ -4,13 +4,17 @@ dies cannot leave its requests counted for more than the expiry."""
 
 import asyncio
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from controlplane.gateway import generation, router
 from controlplane.gateway.dispatched import Dispatched, dispatched_key
+from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
 A, B = 990001, 990002  # replica ids no other test uses
@@ -69,3 +73,19 @@ async def test_a_dead_web_process_leaves_nothing_counted_past_the_expiry(client)
     await alive.done("kept")
     await alive.refresh()  # and does not bring back one that ended
     assert await client.zscore(dispatched_key(A), "kept") is None
+
+
+async def test_a_request_that_fails_between_its_pick_and_its_sending_stops_counting(client, monkeypatch):
+    """The router counts the request, then may still fail (the session-affinity write, the
+    prefill replicas' statuses, a client that goes away): nothing was sent, nothing counts."""
+    web = Dispatched(client)
+
+    async def choose(hub, deployment, candidates, request_id, *args):
+        await hub.dispatched.pick(request_id, IDLE)
+        raise RedisConnectionError("gone after the pick")
+
+    monkeypatch.setattr(router, "choose", choose)
+    with pytest.raises(RedisConnectionError):
+        await generation._place(SimpleNamespace(dispatched=web), SimpleNamespace(slug="d"),
+                                {"decode": [A, B], "prefill": []}, GenerateMessage(), lambda: "r1")  # fmt: skip
+    assert web.open == {} and await client.zcard(dispatched_key(A)) == 0
