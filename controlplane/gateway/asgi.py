@@ -11,14 +11,13 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, JsonResponse
 
 from controlplane.common.asgi import LimitedBodyASGIHandler
-from controlplane.common.json_body import too_large
-from controlplane.gateway.openai_request import OpenAIError
+from controlplane.gateway.openai_request import too_large
 
 
 class GatewayASGIHandler(LimitedBodyASGIHandler):
     def too_large_response(self, size: int | None) -> HttpResponse:
-        exc = OpenAIError(413, too_large(size).message, code="request_too_large")
-        return JsonResponse(exc.body(), status=413)
+        exc = too_large(size)
+        return JsonResponse(exc.body(), status=exc.status)
 
     def load_middleware(self, is_async=False):
         self._view_middleware = []

@@ -78,14 +78,19 @@ def parse_json(raw: bytes | str) -> dict:
     try:
         body = json_body.load(raw or b"")
     except json_body.BodyError as exc:
-        raise OpenAIError(exc.status, exc.message, exc.param, exc.code) from None
+        raise _body_error(exc) from None
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", code="invalid_json")
     return body
 
 
-def too_large() -> OpenAIError:
-    return OpenAIError(413, json_body.too_large().message, code="request_too_large")
+def too_large(size: int | None = None) -> OpenAIError:
+    """The 413 of a body over MAX_REQUEST_BYTES (`size`: its length, when known)."""
+    return _body_error(json_body.too_large(size))
+
+
+def _body_error(exc: json_body.BodyError) -> OpenAIError:
+    return OpenAIError(exc.status, exc.message, exc.param, exc.code)
 
 
 def _show(value) -> str:
