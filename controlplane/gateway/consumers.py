@@ -66,8 +66,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not isinstance(content.get("id"), str) or not content["id"]:
-            await self.send_json({"type": "error", "id": None, "error": OpenAIError(
-                400, "Each message needs a string 'id' of your choosing.", "id").body()["error"]})  # fmt: skip
+            await self._error(None, OpenAIError(400, "Each message needs a string 'id' of your choosing.", "id"))
             return
         rid = content["id"]
         if content.get("type") == "cancel":
