@@ -325,5 +325,4 @@ async def _completion_stream(req, gen):
 
 @csrf_exempt  # like every /v1 view: an unknown path is a 404 whatever the method, never a CSRF page
 def not_found(request, path: str = ""):
-    exc = OpenAIError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url")
-    return HttpResponse(json.dumps(exc.body()), status=404, content_type="application/json")
+    return error_response(OpenAIError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url"))
