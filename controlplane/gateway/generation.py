@@ -10,7 +10,6 @@ hangs or restarts after accepting is replaced mid-request (see failover.py).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 import uuid
@@ -163,10 +162,7 @@ class Generation:
         progress = self.progress
         if progress is None or not progress.can_resume():
             return False
-        old = self.stream
-        with contextlib.suppress(RedisError):
-            await old.close()  # no longer counted against the lost replica
-            await old.hub.abort(old.replica_id, old.request_id)  # a hung replica that wakes up drops it
+        old = self.stream  # closed (aborted, uncounted) when it reported the loss
         progress.failed_replicas.add(old.replica_id)
         after = len(progress.output_ids)
         attempts = itertools.count()

@@ -4,8 +4,9 @@ one pub/sub channel per process.
 One subscriber per event loop reads every reply and hands each to the queue of its request, so
 a thousand open streams cost one Redis connection, not a thousand. A request's stream also
 watches its replica: if the replica's heartbeat stops or a new incarnation appears (it was
-restarted), the stream ends with an error event of code `replica_lost` instead of waiting
-forever (the generation then resumes the request on another replica: `failover.py`).
+restarted), the stream is closed (the replica told to abort the request, should it wake up) and
+ends with an error event of code `replica_lost` instead of waiting forever (the generation then
+resumes the request on another replica: `failover.py`).
 Messages and events are the typed ones of `workers.protocol.replica`, which the replica shares.
 """
 
@@ -60,8 +61,8 @@ class RequestStream:
                     event = self.queue.get_nowait()
             except TimeoutError:
                 problem = await self.hub.replica_problem(self.replica_id, self.incarnation)
-                if problem:
-                    self.finished = True
+                if problem:  # closed now: uncounted, and aborted so that a hung replica that wakes up drops it
+                    await self.close()
                     return ErrorEvent(self.request_id, 502, problem, code=REPLICA_LOST)
                 continue
             if event.final:
