@@ -1,5 +1,3 @@
-from django.db.models import Count, Q
-
 from controlplane.inventory.models import Device, Node
 
 
@@ -10,14 +8,3 @@ def node_list():
 
 def device_list():
     return Device.objects.select_related("node")
-
-
-def online_nodes():
-    return Node.objects.filter(status=Node.Status.ONLINE)
-
-
-def max_devices_per_node(kind: str | None = None) -> int:
-    """Most devices on any online node (of `kind`), for parallelism validation."""
-    devices = Q(devices__kind=kind) if kind else Q()
-    counts = online_nodes().annotate(n=Count("devices", filter=devices)).values_list("n", flat=True)
-    return max(counts, default=0)
