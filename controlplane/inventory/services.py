@@ -18,9 +18,18 @@ def node_reported(name: str, hostname: str, devices: list[dict], at_ns: int) -> 
         node = Node.objects.select_for_update().filter(name=name).first()
         if node is not None and at_ns <= node.last_report_ns:
             return None
-        if node is None or node.status != Node.Status.ONLINE or not heartbeat(name, devices):
+        now = timezone.now()
+        if node is None or node.status != Node.Status.ONLINE:
             node = register_node(name=name, hostname=hostname, devices=devices)
-        Node.objects.filter(pk=node.pk).update(last_report_ns=at_ns)
+        else:
+            for d in devices:
+                Device.objects.filter(node=node, index=d["index"]).update(
+                    memory_used=d.get("memory_used", 0),
+                    utilization=d.get("utilization", 0.0),
+                    health=d.get("health", Device.Health.HEALTHY),
+                    last_seen=now,
+                )
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=now, last_report_ns=at_ns)
     return node
 
 
@@ -60,23 +69,6 @@ def register_node(*, name: str, hostname: str = "", labels: dict | None = None, 
     )
     publish("node", {"name": node.name, "status": node.status})
     return node
-
-
-def heartbeat(name: str, devices: list[dict] | None = None) -> bool:
-    """Refresh a node's heartbeat (and device stats). False if the node is unknown."""
-    now = timezone.now()
-    updated = Node.objects.filter(name=name).update(last_heartbeat=now)
-    if not updated:
-        return False
-    Node.objects.filter(name=name, status=Node.Status.OFFLINE).update(status=Node.Status.ONLINE)
-    for d in devices or []:
-        Device.objects.filter(node__name=name, index=d["index"]).update(
-            memory_used=d.get("memory_used", 0),
-            utilization=d.get("utilization", 0.0),
-            health=d.get("health", Device.Health.HEALTHY),
-            last_seen=now,
-        )
-    return True
 
 
 def node_left(name: str, reason: str, at_ns: int) -> Node | None:
