@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Replica
-from controlplane.deployments.services import _send_after_commit, schedule_reconcile, send_start, transition_replica
+from controlplane.deployments.services import _send_after_commit, send_start, transition_replica
 from controlplane.inventory import services as inventory
 from workers.protocol.control import STOP_REPLICA, NodeReport, ReplicaEvent, node_queue
 
@@ -85,10 +85,7 @@ def apply_replica_event(event: ReplicaEvent) -> Replica | None:
             )
         if event.kind == "failed":
             return transition_replica(r.pk, State.FAILED, actor_label=label, **tail, **error, **common)
-        stopped = transition_replica(r.pk, State.STOPPED, actor_label=label, reason=event.error, **tail, **error)
-    if stopped is not None:
-        schedule_reconcile()  # a replacement, if one is wanted, starts now rather than at the next pass
-    return stopped
+        return transition_replica(r.pk, State.STOPPED, actor_label=label, reason=event.error, **tail, **error)
 
 
 def apply_node_report(report: NodeReport) -> dict:
@@ -122,8 +119,6 @@ def apply_node_report(report: NodeReport) -> dict:
                 rid, State.STOPPED, actor_label=f"agent:{node.name}", reason=reason, last_error=reason
             ):
                 done["lost"].append(rid)
-    if done["lost"]:
-        schedule_reconcile()  # replace them now, not at the next periodic pass
     ended = set(running) - set(live)
     if ended:
         still_there = set(

@@ -37,6 +37,9 @@ TRANSITIONS: dict[str, set[str]] = {
     State.STOPPED: set(),
     State.FAILED: set(),
 }
+# Moves after which the reconciler has work at once rather than at its next periodic pass: a
+# replacement turned ready (an outgoing replica can drain), or a replica ended (replace it).
+RECONCILE_ON = (State.READY, State.STOPPED, State.FAILED)
 
 
 def send_start(replica: Replica) -> None:
@@ -226,7 +229,8 @@ def transition_replica(
     replica_id: int, state: str, *, actor_label: str = "agent", reason: str = "", **fields
 ) -> Replica | None:
     """Move a replica to `state` if the state machine allows it; returns it, or None if refused.
-    Every replica state change goes through here (audit event, live update, timestamps)."""
+    Every replica state change goes through here (audit event, live update, timestamps, and a
+    reconcile after commit when the move gives the reconciler work: RECONCILE_ON)."""
     with transaction.atomic():
         r = (
             Replica.objects.select_for_update(of=("self",))
@@ -264,8 +268,8 @@ def transition_replica(
                 },
             )
             _publish_replica(r)
-    if state == State.FAILED:
-        schedule_reconcile()
+            if state in RECONCILE_ON:
+                schedule_reconcile()
     return r
 
 
@@ -292,8 +296,6 @@ def stop_replicas_on_node(node: Node, reason: str) -> int:
     )
     for r in replicas:
         transition_replica(r.pk, State.STOPPED, actor_label="health-check", reason=reason, last_error=reason)
-    if replicas:
-        schedule_reconcile()
     return len(replicas)
 
 

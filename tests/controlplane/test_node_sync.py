@@ -216,3 +216,23 @@ def test_a_new_agent_is_placed_on_only_after_its_report(node, model_dir):
     assert reconcile_all()["demo"]["unplaced"] == 1
     apply_node_report(NodeReport(node="node-a", devices=[{"index": 0, "kind": "cpu", "name": "cpu"}]))
     assert reconcile_all()["demo"]["started"]
+
+
+def test_a_replica_turning_ready_or_ending_asks_for_a_reconcile_at_once(
+    replica, node, broker, django_capture_on_commit_callbacks
+):
+    """A replacement turning ready lets an outgoing replica drain, and an ended replica is to be
+    replaced: neither waits for the periodic pass. A move that gives the reconciler nothing to
+    do (starting) asks for none."""
+
+    def reconciles(apply) -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            apply()
+        return [t for t, _ in sent(broker, "control")].count("deployments.reconcile")
+
+    assert reconciles(lambda: apply_replica_event(event(replica, "started", pid=41))) == 0
+    assert reconciles(lambda: apply_replica_event(event(replica, "ready", pid=41))) == 1
+    assert reconciles(lambda: apply_replica_event(event(replica, "ready", pid=41))) == 0  # no move: nothing new
+    assert reconciles(lambda: apply_replica_event(event(replica, "stopped"))) == 1
+    other = Replica.objects.create(deployment=replica.deployment, node=node)
+    assert reconciles(lambda: apply_replica_event(event(other, "failed", error="x"))) == 1
