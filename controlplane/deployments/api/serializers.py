@@ -58,6 +58,20 @@ class ReplicaSerializer(serializers.ModelSerializer):
         return [f"{d.kind}:{d.index}" for d in obj.devices.all()]
 
 
+# A deployment's fields that the platform sets and reports (read-only); the rest are the operator's.
+DEPLOYMENT_STATE_FIELDS = [
+    "desired_state",
+    "status",
+    "generation",
+    "replica_states",
+    "placement_error",
+    "failed_at",
+    "failed_reason",
+    "created_at",
+    "updated_at",
+]
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
     cache_policy = serializers.SlugRelatedField(
@@ -93,28 +107,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "draft_model",
             "speculative_k",
             "max_surge",
-            "desired_state",
-            "status",
-            "generation",
-            "replica_states",
-            "placement_error",
-            "failed_at",
-            "failed_reason",
-            "created_at",
-            "updated_at",
+            *DEPLOYMENT_STATE_FIELDS,
         ]
-        read_only_fields = [
-            "id",
-            "desired_state",
-            "status",
-            "generation",
-            "replica_states",
-            "placement_error",
-            "failed_at",
-            "failed_reason",
-            "created_at",
-            "updated_at",
-        ]
+        read_only_fields = ["id", *DEPLOYMENT_STATE_FIELDS]
 
     def get_replica_states(self, obj) -> dict[str, int]:
         counts: dict[str, int] = {}
