@@ -164,27 +164,18 @@ CELERY_BEAT_SCHEDULE = {
     "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
 }
 
-# Node agents and replicas.
+# The control plane's side of nodes and replicas. A node agent's own settings (REPLICA_COMMAND,
+# REPLICA_MAX_RESTARTS, KV_TRANSFER_HOST, ...) are read from its environment by
+# workers/agent/config.py: the agent does not load Django.
 SWITCHYARD = {
-    "NODE_HEARTBEAT_SECONDS": env.float("NODE_HEARTBEAT_SECONDS", default=2.0),
     "NODE_STALE_SECONDS": env.float("NODE_STALE_SECONDS", default=15.0),
-    "CPU_MEMORY_BYTES": env.int("CPU_MEMORY_BYTES", default=8 << 30),
     "CPU_REPLICAS_PER_DEVICE": env.int("CPU_REPLICAS_PER_DEVICE", default=4),
-    "REPLICA_COMMAND": env("REPLICA_COMMAND", default="{python} -m workers.replica --replica-id {replica_id}"),
-    "REPLICA_MAX_RESTARTS": env.int("REPLICA_MAX_RESTARTS", default=5),
-    "REPLICA_BACKOFF_SECONDS": env.float("REPLICA_BACKOFF_SECONDS", default=1.0),
-    "REPLICA_STOP_TIMEOUT": env.float("REPLICA_STOP_TIMEOUT", default=10.0),
     # A deployment gives up starting replicas after this many failed ones of its generation,
     # counted since one of them was last ready for REPLICA_HEALTHY_SECONDS.
     "REPLICA_FAILURE_BUDGET": env.int("REPLICA_FAILURE_BUDGET", default=3),
     "REPLICA_HEALTHY_SECONDS": env.float("REPLICA_HEALTHY_SECONDS", default=300.0),
-    # A CPU replica's KV cache budget, and its torch threads (0: torch's default).
-    "REPLICA_CPU_KV_BYTES": env.int("REPLICA_CPU_KV_BYTES", default=512 << 20),
-    "REPLICA_CPU_THREADS": env.int("REPLICA_CPU_THREADS", default=0),
-    # Disaggregated deployments: KV blocks move with Mooncake over this protocol; a decode
-    # replica that gets no KV within the timeout prefills the request itself.
-    "KV_TRANSFER_PROTOCOL": env("KV_TRANSFER_PROTOCOL", default="tcp"),
-    "KV_TRANSFER_HOST": env("KV_TRANSFER_HOST", default="127.0.0.1"),
+    # Disaggregated deployments (sent in each replica spec): a decode replica that gets no KV
+    # within the timeout prefills the request itself.
     "KV_TRANSFER_TIMEOUT": env.float("KV_TRANSFER_TIMEOUT", default=2.0),
     # Prompts shorter than this are prefilled by the decode replica itself.
     "PD_LOCAL_PREFILL_TOKENS": env.int("PD_LOCAL_PREFILL_TOKENS", default=256),
@@ -192,7 +183,6 @@ SWITCHYARD = {
     "METRICS_TOKEN": env("METRICS_TOKEN", default=""),
     # A request whose replica dies, hangs or restarts mid-way resumes on another ready replica.
     "FAILOVER": env.bool("FAILOVER", default=True),
-    "LOG_DIR": str(STATE_DIR / "logs"),
 }
 
 LOGGING = {

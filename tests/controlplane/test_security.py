@@ -121,7 +121,7 @@ django.setup()
 from django.conf import settings
 from django.db import connection
 connection.ensure_connection()  # creates the SQLite file
-logs = Path(settings.SWITCHYARD["LOG_DIR"])
+logs = Path(settings.STATE_DIR) / "logs"
 logs.joinpath("web.log").open("ab").close()  # as `make run` opens its processes' logs
 subprocess.run([sys.executable, "-c", "open(%r, 'a').close()" % str(logs / "child.log")], check=True)
 """
