@@ -110,10 +110,9 @@ def _typed(body: dict, name: str, kinds, default=None, *, what: str):
     value = body.get(name, default)
     if value is None:
         return default
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
     # bool is an int in Python; a JSON true is not a number.
-    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise bad(f"'{name}' must be {what}, got {_show(value)}.", name, "invalid_type")
-    if not isinstance(value, kinds):
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise bad(f"'{name}' must be {what}, got {_show(value)}.", name, "invalid_type")
     return value
 
