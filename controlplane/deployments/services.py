@@ -67,9 +67,13 @@ def schedule_reconcile() -> None:
 def _changed(dep: Deployment, verb: str, actor=None, data: dict | None = None) -> Deployment:
     """After any change to a deployment: audit it, tell live clients, reconcile after commit."""
     record_event(f"deployment.{verb}", dep, actor=actor, data=data)
-    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation})
+    _publish_deployment(dep)
     schedule_reconcile()
     return dep
+
+
+def _publish_deployment(dep: Deployment, **extra) -> None:
+    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation, **extra})
 
 
 def _publish_replica(r: Replica) -> None:
@@ -455,8 +459,7 @@ def _budget_left(dep: Deployment) -> bool:
     log.warning("%s: %s", dep.slug, dep.failed_reason)
     data = {"generation": dep.generation, "failed_replicas": count, "reason": dep.failed_reason}
     record_event("deployment.failed", dep, actor_label="reconciler", data=data)
-    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation,
-                           "status": dep.status})  # fmt: skip
+    _publish_deployment(dep, status=dep.status)
     return False
 
 
@@ -488,8 +491,7 @@ def _note_placement(dep: Deployment, unplaced: int) -> None:
         record_event("deployment.placed", dep, actor_label="reconciler", data={"was": dep.placement_error})
     dep.placement_error = problem
     dep.save(update_fields=["placement_error"])
-    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation,
-                           "placement_error": problem})  # fmt: skip
+    _publish_deployment(dep, placement_error=problem)
 
 
 def reconcile_all() -> dict[str, dict]:
