@@ -59,9 +59,19 @@ def _prefill_score(status: ReplicaStatus) -> tuple:
     return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
 
 
-async def _live(hub: ReplicaHub, ids: list[int]) -> list[tuple[int, ReplicaStatus]]:
-    statuses = await hub.statuses(ids) if ids else []
-    return [(rid, st) for rid, st in zip(ids, statuses, strict=True) if st.state == "ready" and st.is_fresh()]
+Live = list[tuple[int, ReplicaStatus]]
+
+
+async def _live(hub: ReplicaHub, decode: list[int], prefill: list[int]) -> tuple[Live, Live]:
+    """The ready replicas with a fresh heartbeat among `decode` and among `prefill`, read in one
+    round trip."""
+    ids = decode + prefill
+    pairs = list(zip(ids, await hub.statuses(ids) if ids else [], strict=True))
+
+    def ready(part: Live) -> Live:
+        return [(rid, st) for rid, st in part if st.state == "ready" and st.is_fresh()]
+
+    return ready(pairs[: len(decode)]), ready(pairs[len(decode) :])
 
 
 async def choose(
@@ -75,14 +85,16 @@ async def choose(
     """The replica for `request_id`, which counts against it from now until the request's
     stream is closed."""
     ids = [i for i in candidates["decode"] if i not in exclude]
-    live = await _live(hub, ids)
+    disaggregated = deployment.mode == Deployment.Mode.DISAGGREGATED
+    prefill_ids = candidates["prefill"] if disaggregated else []
+    live, prefills = await _live(hub, ids, prefill_ids)
     for _ in range(STALE_RETRIES):
         if live or not ids:
             break
         # Ready in the database but no fresh heartbeat: a replica under a burst of load can be
         # late by a moment; look again briefly before refusing the request.
         await asyncio.sleep(STALE_RETRY_SECONDS)
-        live = await _live(hub, ids)
+        live, prefills = await _live(hub, ids, prefill_ids)
     if not live and deployment.failed_at is not None:  # gave up: waiting will not help
         raise OpenAIError(
             503,
@@ -105,8 +117,7 @@ async def choose(
         await hub.redis.set(affinity_key(deployment.slug, session), rid, ex=max(ttl, 1))
         reason += ";session_recorded"
     route = Route(rid, reason, status.incarnation or None)
-    if deployment.mode == Deployment.Mode.DISAGGREGATED:
-        prefills = await _live(hub, candidates["prefill"])
+    if disaggregated:
         if prefills:
             route.prefill_replica_id = min(prefills, key=lambda pair: (_prefill_score(pair[1]), pair[0]))[0]
             route.reason += ";prefill_least_tokens"
