@@ -417,8 +417,7 @@ def _reconcile_role(dep: Deployment, role: str, want: int, replicas: list[Replic
         send_start(r)
         done["started"].append(r.pk)
     done["unplaced"] += unplaced
-    freeing = dep.replica_set.filter(role=role, state=State.DRAINING).exists()
-    if unplaced and outgoing and not freeing:
+    if unplaced and outgoing and not dep.replica_set.filter(role=role, state=State.DRAINING).exists():
         # No room for an extra replica, and none being freed: replace one in place, so that
         # the rollout goes on (a one-replica deployment then has a gap).
         r = min(outgoing, key=_drain_order)
