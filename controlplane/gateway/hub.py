@@ -155,8 +155,9 @@ class ReplicaHub:
 
     def _fail_open_streams(self, exc: Exception) -> None:
         """Every request waiting for replies may have lost some: end each with an error event
-        (the gateway answers its client cleanly; the replica aborts it when it finds Redis gone
-        or when the gateway's abort arrives)."""
+        (the gateway answers its client cleanly; the replica aborts it when it finds Redis gone).
+        The stream counts as finished, so no abort is sent: a replica that kept Redis (only this
+        connection dropped) finishes the request unheard."""
         for request_id, queue in list(self.queues.items()):
             queue.put_nowait(ErrorEvent(request_id, 503, f"lost the connection to the request broker ({exc})",
                                         code=BROKER_LOST))  # fmt: skip
