@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.common.models import ManagementToken
-from controlplane.common.services import revoke_tokens
+from controlplane.common.services import PREFIX_LENGTH, revoke_tokens
 
 
 class Command(BaseCommand):
@@ -10,7 +10,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--prefix", help="revoke only the token starting with this (at least 12 characters)")
+        parser.add_argument(
+            "--prefix", help=f"revoke only the token starting with this (at least {PREFIX_LENGTH} characters)"
+        )
         parser.add_argument("--list", dest="list_only", action="store_true", help="list the tokens; revoke none")
 
     def handle(self, username, prefix=None, list_only=False, **options):
@@ -25,7 +27,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"{t.prefix}…  {t.name or '-'}  created {t.created_at:%Y-%m-%d %H:%M}  "
                                   f"last used {used}  {state}")  # fmt: skip
             return
-        if prefix is not None and len(prefix) < 12:
-            raise CommandError("--prefix needs the token's first 12 characters (as `--list` shows them)")
+        if prefix is not None and len(prefix) < PREFIX_LENGTH:
+            raise CommandError(f"--prefix needs the token's first {PREFIX_LENGTH} characters (as `--list` shows them)")
         count = revoke_tokens(user, prefix=prefix)
         self.stdout.write(f"revoked {count} token{'s' if count != 1 else ''} of {username}")
