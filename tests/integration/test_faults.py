@@ -11,46 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import uuid
 
 import httpx
 import pytest
-import redis
 
-from tests.support.stack import pid_alive, processes, stack_env, start_agent, stop, wait_for
-from workers.bench.processes import free_port
+from tests.support.stack import pid_alive, processes, stack_env, start_agent, wait_for
+from workers.bench.processes import RedisServer, free_port, stop
 from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
-
-
-class RedisServer:
-    def __init__(self):
-        self.port, self.process = free_port(), None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-
-        def up():
-            try:
-                return client.ping()
-            except redis.ConnectionError:
-                return False
-
-        wait_for(up, 10, "redis-server")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture

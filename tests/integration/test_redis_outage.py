@@ -6,45 +6,18 @@ runs its own redis-server on a free port: the machine's Redis is never stopped."
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 
 import pytest
 import redis
 
 from tests.support.stack import pid_alive, wait_for
-from workers.bench.processes import free_port, start_replica
+from workers.bench.processes import RedisServer, start_replica
 from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaSpec
 
 pytestmark = pytest.mark.timeout(180)
 REPLICA = 9301
-
-
-class RedisServer:
-    def __init__(self, port: int):
-        self.port, self.process = port, None
-
-    def start(self) -> redis.Redis:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, decode_responses=True)
-        wait_for(lambda: _pings(client), 10, "redis-server to start")
-        return client
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return client.ping()
-    except redis.ConnectionError:
-        return False
 
 
 def _send(client: redis.Redis, channel: str, max_tokens: int) -> str:
@@ -75,10 +48,11 @@ def _events(pubsub, until, timeout: float) -> list[dict]:
 
 
 def test_replica_survives_a_redis_outage_and_serves_when_it_returns(model_dir, tmp_path):
-    server = RedisServer(free_port())
-    client = server.start()
+    server = RedisServer()
+    server.start()
+    client = redis.Redis(port=server.port, decode_responses=True)
     spec = ReplicaSpec(replica_id=REPLICA, deployment="outage", model=str(model_dir), model_name="tiny",
-                       dtype="float32", block_size=4, threads=1, redis_url=f"redis://127.0.0.1:{server.port}/0",
+                       dtype="float32", block_size=4, threads=1, redis_url=server.url,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, tmp_path)
     log_path = tmp_path / f"replica-{REPLICA}.log"
@@ -94,7 +68,8 @@ def test_replica_survives_a_redis_outage_and_serves_when_it_returns(model_dir, t
         wait_for(lambda: "aborting 1 request(s) in flight" in log_path.read_text(), 30, "the replica to notice")
         assert process.poll() is None  # still running, model still loaded
 
-        client = server.start()  # back, and empty
+        server.start()  # back, and empty
+        client = redis.Redis(port=server.port, decode_responses=True)
         wait_for(lambda: client.hget(protocol.status_key(REPLICA), "state") == "ready", 30, "a fresh heartbeat")
         channel = f"reply-{uuid.uuid4().hex[:6]}"
         pubsub = client.pubsub()
@@ -111,5 +86,4 @@ def test_replica_survives_a_redis_outage_and_serves_when_it_returns(model_dir, t
         process.kill()
         process.wait()
         log.close()
-        if server.process and server.process.poll() is None:
-            server.kill()
+        server.kill()
