@@ -14,9 +14,8 @@ import pytest
 from django.db import connections
 from playwright.sync_api import expect, sync_playwright
 
-from tests.support.stack import ROOT, processes, stack_env, wait_for
+from tests.support.stack import ROOT, committed, demo_model, processes, stack_env, wait_online, wait_ready
 from workers.bench.processes import free_port
-from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 CHROMIUM = "/usr/bin/chromium"
@@ -27,27 +26,22 @@ PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "AP
 @pytest.fixture(scope="module")
 def site(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
-    from controlplane.catalog.services import register_model, validate_model
-    from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
-    from controlplane.inventory.models import Node
 
     assert (ROOT / "frontend" / "dist" / "index.html").is_file(), "build the console first: make setup"
     assert Path(CHROMIUM).is_file(), "install Debian's chromium: make setup"
     state = tmp_path_factory.mktemp("console")
     node, port = f"ui-{uuid.uuid4().hex[:6]}", free_port()
     env = stack_env(state, REPLICA_CPU_THREADS="1", TELEMETRY_INTERVAL="1")
-    with django_db_blocker.unblock():
+    with committed(django_db_blocker):
         get_user_model().objects.create_user("operator", password="pw-operator-1", is_staff=True)
-        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        model = demo_model()
         with processes(state, node, env, web_port=port, beat=True):
-            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent")
-            demo = create_deployment({"slug": "demo", "model": model, "replicas": 1})
-            wait_for(lambda: Replica.objects.filter(deployment=demo, state="ready").exists(), 90, "the demo replica")
+            wait_online(node)
+            create_deployment({"slug": "demo", "model": model, "replicas": 1})
+            wait_ready("demo", 1, 90)
             yield f"http://127.0.0.1:{port}"
-        call_command("flush", interactive=False, verbosity=0)
 
 
 @pytest.fixture(scope="module")

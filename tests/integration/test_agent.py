@@ -12,7 +12,7 @@ from django.conf import settings
 
 from controlplane.deployments.models import Replica
 from controlplane.inventory.models import Node
-from tests.support.stack import pid_alive, processes, stack_env, start_agent, stop, wait_for
+from tests.support.stack import pid_alive, processes, stack_env, start_agent, stop, wait_for, wait_online, wait_ready
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def cluster(transactional_db, tmp_path):
         REPLICA_HANG_SECONDS="3",
     )
     with processes(tmp_path, node, env) as procs:
-        wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
+        wait_online(node)
         yield node, tmp_path, env, procs
 
 
@@ -35,9 +35,8 @@ def _deploy(model_dir, slug: str) -> Replica:
 
     model = register_model(name=f"m-{slug}", source=str(model_dir))
     create_deployment({"slug": slug, "model": model, "replicas": 1})
-    return wait_for(
-        lambda: Replica.objects.filter(deployment__slug=slug, state="ready").first(), 60, "the replica to be ready"
-    )
+    [replica] = wait_ready(slug, 1, 60)
+    return replica
 
 
 def _kill_agent(procs) -> None:

@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import replace
@@ -23,9 +21,21 @@ import redis
 from django.conf import settings
 from websockets.asyncio.client import connect as ws_connect
 
-from tests.support.stack import pid_alive, processes, stack_env, wait_for
-from workers.bench.processes import ROOT, free_port, stop
-from workers.demo import MODEL_DIR
+from tests.support.stack import (
+    committed,
+    demo_model,
+    metric,
+    pid_alive,
+    processes,
+    replica_status,
+    stack_env,
+    start_web,
+    wait_for,
+    wait_online,
+    wait_ready,
+    wait_web,
+)
+from workers.bench.processes import free_port, stop
 from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.django_db]
@@ -36,55 +46,34 @@ COUNTRIES = ["Japan", "Peru", "France", "Kenya", "Chile", "Egypt", "Spain", "Ita
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
-    from controlplane.catalog.services import register_model, validate_model
-    from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
     from controlplane.gateway.services import create_api_key
-    from controlplane.inventory.models import Node
 
     state = tmp_path_factory.mktemp("failover")
     node, port, plain_port = f"failover-{uuid.uuid4().hex[:6]}", free_port(), free_port()
     # The agent must not kill the replica a test stops: the test lets it go on itself.
     env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_HANG_SECONDS="300")
-    with django_db_blocker.unblock():
+    with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("failover-owner")
-        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        model = demo_model()
         with processes(state, node, env, web_port=port):
             # A second web process with failover turned off.
-            log = open(state / "web-plain.log", "wb")  # noqa: SIM115 - closed by stop()
-            plain = subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
-                                      "--host", "127.0.0.1", "--port", str(plain_port), "--no-access-log"],
-                                     cwd=ROOT, env={**env, "FAILOVER": "false"}, stdout=log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
+            plain, log = start_web(state, plain_port, {**env, "FAILOVER": "false"}, log_name="web-plain")
             try:
-                wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent")
+                wait_online(node)
                 pair = create_deployment({"slug": "pair", "model": model, "replicas": 2})
                 solo = create_deployment({"slug": "solo", "model": model, "replicas": 1})
                 _, secret = create_api_key(name="failover", owner=owner)
-                for dep, n in ((pair, 2), (solo, 1)):
-                    wait_for(lambda dep=dep, n=n: Replica.objects.filter(deployment=dep, state="ready").count() == n,
-                             120, f"{dep.slug}'s replicas")  # fmt: skip
+                wait_ready("pair", 2, 120)
+                wait_ready("solo", 1, 120)
                 base, plain_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{plain_port}"
-                for url in (base, plain_base):
-                    wait_for(lambda url=url: _up(url), 30, "the web servers")
+                wait_web(base)
+                wait_web(plain_base)
                 yield {"base": base, "plain": plain_base, "port": port, "key": secret, "pair": pair.pk,
                        "solo": solo.pk, "logs": state / "logs"}  # fmt: skip
             finally:
                 stop([plain], [log])
-        call_command("flush", interactive=False, verbosity=0)
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/v1/models", timeout=2).status_code == 401
-    except httpx.HTTPError:
-        return False
-
-
-def _status(replica_id: int) -> dict:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
 
 
 def _fresh(status: dict) -> bool:
@@ -92,7 +81,7 @@ def _fresh(status: dict) -> bool:
 
 
 def _pid(replica_id: int) -> int:
-    return json.loads(_status(replica_id)["endpoint"])["pid"]
+    return json.loads(replica_status(replica_id)["endpoint"])["pid"]
 
 
 def serving(deployment_id: int, n: int) -> list[int]:
@@ -102,7 +91,7 @@ def serving(deployment_id: int, n: int) -> list[int]:
 
     def ready():
         ids = sorted(Replica.objects.filter(deployment_id=deployment_id, state="ready").values_list("id", flat=True))
-        statuses = [_status(i) for i in ids]
+        statuses = [replica_status(i) for i in ids]
         loads = [json.loads(s.get("load") or "{}") for s in statuses]
         fine = all(s.get("state") == "ready" and _fresh(s) for s in statuses) and all(
             load.get("running") == 0 and load.get("waiting") == 0 for load in loads
@@ -110,14 +99,6 @@ def serving(deployment_id: int, n: int) -> list[int]:
         return ids if len(ids) == n and fine else None
 
     return wait_for(ready, 60, f"{n} idle ready replicas")
-
-
-def metric(stack, name: str, deployment: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(stack["base"] + "/metrics", timeout=10).text
-    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-    return sum(s.value for s in samples if s.name == name and s.labels.get("deployment") == deployment)
 
 
 def events(verb: str, deployment_id: int) -> list[dict]:
@@ -286,14 +267,15 @@ def check_resumed(results, reference, victim: int, survivor: int) -> int:
 # -- tests ---------------------------------------------------------------------------------------
 def test_a_killed_replica_s_streams_resume_on_the_other_one_unchanged(stack, undisturbed):
     victim, survivor = serving(stack["pair"], 2)
-    before = metric(stack, "switchyard_requests_resumed_total", "pair"), len(events("request.resumed", stack["pair"]))
+    counted = metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair")
+    recorded_before = len(events("request.resumed", stack["pair"]))
     started = time.monotonic()
     results = burst(stack, victim=victim, sig=signal.SIGKILL)
     assert time.monotonic() - started < 45
     moved = check_resumed(results, undisturbed, victim, survivor)
     assert moved >= 3  # ~half the burst was on the victim, most of it mid-stream
-    assert metric(stack, "switchyard_requests_resumed_total", "pair") == before[0] + moved
-    recorded = events("request.resumed", stack["pair"])[before[1] :]
+    assert metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair") == counted + moved
+    recorded = events("request.resumed", stack["pair"])[recorded_before:]
     assert len(recorded) == moved and {e["from_replica"] for e in recorded} == {victim}
 
 
@@ -306,7 +288,7 @@ def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undistur
         # Still stopped: its heartbeat goes stale (at once, when the burst had to wait for that to
         # move its streams; a little later when they had all ended before the signal), and new
         # requests go to the replica that heartbeats, none fails.
-        wait_for(lambda: not _fresh(_status(victim)), 10, "the stopped replica's heartbeat to go stale")
+        wait_for(lambda: not _fresh(replica_status(victim)), 10, "the stopped replica's heartbeat to go stale")
         headers = {"Authorization": f"Bearer {stack['key']}"}
         for _ in range(4):
             r = httpx.post(stack["base"] + "/v1/completions", headers=headers, timeout=30,
@@ -362,13 +344,13 @@ def _stream_until_killed(base: str, key: str, deployment: str, replica: int) -> 
 
 def test_with_no_other_replica_the_stream_ends_with_an_error_then_done(stack):
     [replica] = serving(stack["solo"], 1)
-    before = metric(stack, "switchyard_requests_failover_failed_total", "solo")
+    before = metric(stack["base"], "switchyard_requests_failover_failed_total", deployment="solo")
     lines, seconds = _stream_until_killed(stack["base"], stack["key"], "solo", replica)
     assert lines[-1] == "[DONE]" and seconds < 10
     error = json.loads(lines[-2])["error"]
     assert error["code"] == "no_ready_replica" and f"replica {replica}" in error["message"]
     assert all("error" not in json.loads(line) for line in lines[:-2])
-    assert metric(stack, "switchyard_requests_failover_failed_total", "solo") == before + 1
+    assert metric(stack["base"], "switchyard_requests_failover_failed_total", deployment="solo") == before + 1
     assert events("request.failover_failed", stack["solo"])[-1]["from_replica"] == replica
 
 
@@ -394,13 +376,13 @@ def test_a_stopped_only_replica_is_refused_with_retry_after_until_it_heartbeats(
     body = {"model": "solo", "prompt": "Hello", "max_tokens": 2}
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: not _fresh(_status(replica)), 10, "the heartbeat to go stale")
+        wait_for(lambda: not _fresh(replica_status(replica)), 10, "the heartbeat to go stale")
         r = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_ready_replica"
         assert int(r.headers["Retry-After"]) > 0
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: _fresh(_status(replica)), 10, "the heartbeat to return")
+    wait_for(lambda: _fresh(replica_status(replica)), 10, "the heartbeat to return")
     assert httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
 
 
@@ -429,7 +411,7 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
                                 replace(message, params=replace(params, max_tokens=2000)), None)  # fmt: skip
         assert (await long.next_event()).TYPE == "accepted"
         os.kill(pid, signal.SIGTERM)
-        await until(lambda: _status(draining).get("state") == "draining", 10, "the drain")
+        await until(lambda: replica_status(draining).get("state") == "draining", 10, "the drain")
         os.kill(pid, signal.SIGSTOP)
         try:
             idle = json.dumps({"running": 0, "waiting": 0})

@@ -16,9 +16,17 @@ import uuid
 import httpx
 import pytest
 
-from tests.support.stack import pid_alive, processes, stack_env, start_agent, wait_for
+from tests.support.stack import (
+    demo_model,
+    pid_alive,
+    processes,
+    stack_env,
+    start_agent,
+    wait_for,
+    wait_online,
+    wait_ready,
+)
 from workers.bench.processes import RedisServer, free_port, stop
-from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
@@ -29,10 +37,8 @@ def platform(tmp_path):
     """The stack on its own Redis, with the `demo` deployment (`replicas` ready) and an API key."""
     from django.contrib.auth import get_user_model
 
-    from controlplane.catalog.services import register_model, validate_model
     from controlplane.common.services import create_token
     from controlplane.gateway.services import create_api_key
-    from controlplane.inventory.models import Node
 
     server = RedisServer()
     server.start()
@@ -40,12 +46,12 @@ def platform(tmp_path):
     env = stack_env(tmp_path, REDIS_URL=server.url, CELERY_BROKER_URL=server.url, REPLICA_CPU_THREADS="1",
                     CHANNELS_PREFIX=f"faults-{node}")  # fmt: skip
     owner = get_user_model().objects.create_user("faults", is_staff=True)
-    model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+    model = demo_model()
     _, key = create_api_key(name="k", owner=owner)
     token = create_token(owner)[1]
     try:
         with processes(tmp_path, node, env, web_port=port) as procs:
-            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
+            wait_online(node)
             yield {"base": f"http://127.0.0.1:{port}", "key": key, "model": model, "node": node, "env": env,
                    "procs": procs, "redis": server, "state": tmp_path, "token": token}  # fmt: skip
     finally:
@@ -55,20 +61,11 @@ def platform(tmp_path):
 def _deploy(platform, replicas: int):
     """Through the management API: the web process's Celery app (unlike this process's) sends
     the reconcile to this stack's Redis."""
-    from controlplane.deployments.models import Replica
-
     body = {"slug": "demo", "model": platform["model"].name, "replicas": replicas, "max_num_seqs": 32}
     created = httpx.post(f"{platform['base']}/api/v1/deployments/", json=body, timeout=30,
                          headers={"Authorization": f"Bearer {platform['token']}"})  # fmt: skip
     assert created.status_code == 201, created.text
-    dep = created.json()["slug"]
-    return wait_for(
-        lambda: (
-            (rs := list(Replica.objects.filter(deployment__slug=dep, state="ready"))) and len(rs) == replicas and rs
-        ),
-        120,
-        "the replicas to be ready",
-    )
+    return wait_ready(created.json()["slug"], replicas, 120)
 
 
 async def _stream(base: str, key: str, max_tokens: int, started: asyncio.Event | None = None) -> dict:

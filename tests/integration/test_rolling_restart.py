@@ -12,9 +12,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.support.stack import processes, stack_env, wait_for
+from tests.support.stack import committed, demo_model, processes, stack_env, wait_for, wait_online, wait_ready, wait_web
 from workers.bench.processes import free_port
-from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 
@@ -24,41 +23,26 @@ QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
-    from controlplane.catalog.services import register_model, validate_model
     from controlplane.common.services import create_token
-    from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
     from controlplane.gateway.services import create_api_key
-    from controlplane.inventory.models import Node
 
     state = tmp_path_factory.mktemp("rolling")
     node, port = f"roll-{uuid.uuid4().hex[:6]}", free_port()
     env = stack_env(state, REPLICA_CPU_THREADS="1", RECONCILE_INTERVAL="1")
-    with django_db_blocker.unblock():
+    with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("rolling-owner", is_staff=True)
-        model = validate_model(register_model(name="demo-rolling", source=str(MODEL_DIR)).pk)
-        assert model.status == "ready", model.status_message
+        model = demo_model("demo-rolling")
         with processes(state, node, env, web_port=port, beat=True):
-            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
-            deployment = create_deployment({"slug": "roll", "model": model, "replicas": 1, "max_num_seqs": 8})
+            wait_online(node)
+            create_deployment({"slug": "roll", "model": model, "replicas": 1, "max_num_seqs": 8})
             _, key = create_api_key(name="rolling", owner=owner)
             _, token = create_token(owner, name="rolling")
-            replica = wait_for(
-                lambda: Replica.objects.filter(deployment=deployment, state="ready").first(), 90, "the replica"
-            )
+            [replica] = wait_ready("roll", 1, 90)
             base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), 30, "the web server")
+            wait_web(base)
             yield {"base": base, "key": key, "token": token, "replica": replica, "state": state}
-        call_command("flush", interactive=False, verbosity=0)
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class SteadyClient(threading.Thread):

@@ -15,10 +15,18 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.support.stack import processes, stack_env, wait_for
+from tests.support.stack import (
+    committed,
+    demo_model,
+    processes,
+    replica_load,
+    stack_env,
+    wait_for,
+    wait_online,
+    wait_ready,
+    wait_web,
+)
 from workers.bench.processes import free_port
-from workers.demo import MODEL_DIR
-from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 LOCAL_PREFILL_TOKENS = 64  # the PD deployment's decode replica prefills shorter prompts itself
@@ -28,60 +36,36 @@ BURST, TRIALS = 8, 5
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
 
-    from controlplane.catalog.services import register_model, validate_model
-    from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
     from controlplane.gateway.services import create_api_key
-    from controlplane.inventory.models import Node
 
     state = tmp_path_factory.mktemp("routing")
     node, port = f"route-{uuid.uuid4().hex[:6]}", free_port()
     env = stack_env(state, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS=str(LOCAL_PREFILL_TOKENS))
-    with django_db_blocker.unblock():
+    with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("routing-owner")
-        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+        model = demo_model()
         with processes(state, node, env, web_port=port):
-            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
-            spread = create_deployment({"slug": "spread", "model": model, "replicas": 2})
-            pd = create_deployment({"slug": "pd", "model": model, "mode": "disaggregated", "replicas": 0,
-                                    "prefill_replicas": 1, "decode_replicas": 1})  # fmt: skip
+            wait_online(node)
+            create_deployment({"slug": "spread", "model": model, "replicas": 2})
+            create_deployment({"slug": "pd", "model": model, "mode": "disaggregated", "replicas": 0,
+                               "prefill_replicas": 1, "decode_replicas": 1})  # fmt: skip
             _, secret = create_api_key(name="routing", owner=owner)
-            for dep in (spread, pd):
-                wait_for(lambda dep=dep: Replica.objects.filter(deployment=dep, state="ready").count() == 2, 120,
-                         f"{dep.slug}'s replicas")  # fmt: skip
+            ids = {slug: {r.id: r.role for r in wait_ready(slug, 2, 120)} for slug in ("spread", "pd")}
             base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), 30, "the web server")
-            ids = {dep.slug: dict(Replica.objects.filter(deployment=dep, state="ready").values_list("id", "role"))
-                   for dep in (spread, pd)}  # fmt: skip
+            wait_web(base)
             yield {"base": base, "key": secret, "replicas": ids}
-        call_command("flush", interactive=False, verbosity=0)
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/v1/models", timeout=2).status_code == 401
-    except httpx.HTTPError:
-        return False
-
-
-def _redis():
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-
-
-def _load(replica_id: int) -> dict:
-    return json.loads(_redis().hget(protocol.status_key(replica_id), "load") or "{}")
 
 
 def _dispatched(replica_id: int) -> int:
     from controlplane.gateway.dispatched import dispatched_key
 
-    return _redis().zcard(dispatched_key(replica_id))
+    return redis.Redis.from_url(settings.REDIS_URL).zcard(dispatched_key(replica_id))
 
 
 def _idle(replica_ids) -> bool:
-    return all(_load(r).get("running") == 0 and _load(r).get("waiting") == 0 for r in replica_ids)
+    return all(replica_load(r).get("running") == 0 and replica_load(r).get("waiting") == 0 for r in replica_ids)
 
 
 async def _burst(stack, n: int) -> list[httpx.Response]:
@@ -145,5 +129,5 @@ def test_the_prefill_header_names_a_prefill_replica_only_when_it_computed_the_pr
         assert response.headers["x-switchyard-prefill-replica"] == str(roles["prefill"])
         if stream:
             assert chunks[-1]["x_switchyard"] == {"prefill_replica": roles["prefill"]}
-    handoffs = _load(roles["decode"])["kv_transfer"]
+    handoffs = replica_load(roles["decode"])["kv_transfer"]
     assert handoffs["fallbacks"] == 0

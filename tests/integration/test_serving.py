@@ -17,7 +17,19 @@ import redis
 from django.conf import settings
 from websockets.sync.client import connect as ws_connect
 
-from tests.support.stack import processes, stack_env, wait_for
+from tests.support.stack import (
+    committed,
+    demo_model,
+    metric,
+    processes,
+    replica_load,
+    replica_status,
+    stack_env,
+    wait_for,
+    wait_online,
+    wait_ready,
+    wait_web,
+)
 from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
 from workers.protocol import replica as protocol
@@ -31,27 +43,22 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.django_db]
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     """A running platform with the `demo` deployment ready, and API keys to call it."""
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.test import Client
 
-    from controlplane.catalog.services import register_model, validate_model
-    from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
     from controlplane.gateway.services import create_api_key
-    from controlplane.inventory.models import Node
 
     state = tmp_path_factory.mktemp("serving")
     node, port = f"serve-{uuid.uuid4().hex[:6]}", free_port()
     env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="3", PD_LOCAL_PREFILL_TOKENS="0")
-    with django_db_blocker.unblock():
+    with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("serving-owner", is_staff=True)
-        model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
-        assert model.status == "ready", model.status_message
+        model = demo_model()
         with processes(state, node, env, web_port=port):
-            wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), 60, "the agent to register")
-            demo = create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
+            wait_online(node)
+            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
             other = create_deployment({"slug": "other", "model": model, "replicas": 0})
-            pd = create_deployment(
+            create_deployment(
                 {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
                  "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
             )  # fmt: skip
@@ -61,12 +68,10 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             _, thrifty = create_api_key(name="thrifty", owner=owner, tpm_limit=10)
             browser = Client()
             browser.force_login(owner)  # a console session, committed for the web server to see
-            replica = wait_for(
-                lambda: Replica.objects.filter(deployment=demo, state="ready").first(), 90, "the demo replica"
-            )
-            wait_for(lambda: Replica.objects.filter(deployment=pd, state="ready").count() == 2, 90, "demo-pd")
+            [replica] = wait_ready("demo", 1, 90)
+            wait_ready("demo-pd", 2, 90)
             base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), 30, "the web server")
+            wait_web(base)
             yield {
                 "base": base,
                 "port": port,
@@ -78,14 +83,6 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
                 "replica": replica,
                 "state": state,
             }
-        call_command("flush", interactive=False, verbosity=0)
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +95,6 @@ def llm():
 @pytest.fixture
 def client(stack):
     return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
-
-
-def replica_status(replica_id: int) -> dict:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
-
-
-def replica_load(replica_id: int) -> dict:
-    return json.loads(replica_status(replica_id).get("load") or "{}")
 
 
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
@@ -129,14 +118,10 @@ def test_replica_reported_its_loading_and_load(stack):
 
 
 def test_metrics_parse_as_prometheus_text_and_move_when_a_request_is_served(client, stack):
-    from prometheus_client.parser import text_string_to_metric_families
-
     replica = str(stack["replica"].pk)
 
     def sample(name: str) -> float:
-        text = httpx.get(stack["base"] + "/metrics", timeout=10).text
-        samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-        return sum(s.value for s in samples if s.name == name and s.labels.get("replica") == replica)
+        return metric(stack["base"], name, replica=replica)
 
     before_tokens = sample("switchyard_generation_tokens_total")
     before_requests = sample("switchyard_requests_total")

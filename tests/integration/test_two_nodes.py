@@ -6,32 +6,21 @@ that stops has its replicas moved to the other node."""
 
 from __future__ import annotations
 
-import json
 import signal
 import uuid
 
 import openai
 import pytest
-import redis
-from django.conf import settings
 
-from tests.support.stack import processes, stack_env, start_agent, stop, wait_for
+from tests.support.stack import demo_model, processes, replica_load, stack_env, start_agent, stop, wait_for, wait_ready
 from workers.bench.processes import free_port
-from workers.demo import MODEL_DIR
-from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
-
-
-def _load(replica_id: int) -> dict:
-    raw = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hget(protocol.status_key(replica_id), "load")
-    return json.loads(raw or "{}")
 
 
 def test_two_nodes_spread_replicas_move_kv_between_them_and_take_over(tmp_path):
     from django.contrib.auth import get_user_model
 
-    from controlplane.catalog.services import register_model, validate_model
     from controlplane.deployments.models import Replica
     from controlplane.deployments.services import create_deployment
     from controlplane.gateway.services import create_api_key
@@ -45,7 +34,7 @@ def test_two_nodes_spread_replicas_move_kv_between_them_and_take_over(tmp_path):
     # Node b: its own state directory (logs, specs) as on another machine.
     env_b = {**env, "SWITCHYARD_STATE_DIR": str(tmp_path / "b"), "KV_TRANSFER_HOST": "127.0.0.1"}
     owner = get_user_model().objects.create_user("two-nodes", is_staff=True)
-    model = validate_model(register_model(name="demo-model", source=str(MODEL_DIR)).pk)
+    model = demo_model()
     _, key = create_api_key(name="k", owner=owner)
     with processes(tmp_path / "a", node_a, env, web_port=port):
         agent_b, agent_b_log = start_agent(tmp_path / "b", node_b, env_b)
@@ -53,26 +42,14 @@ def test_two_nodes_spread_replicas_move_kv_between_them_and_take_over(tmp_path):
             wait_for(lambda: Node.objects.filter(status="online").count() == 2, 60, "both agents to register")
 
             spread = create_deployment({"slug": "spread", "model": model, "replicas": 2, "max_num_seqs": 8})
-            ready = wait_for(
-                lambda: (rs := list(Replica.objects.filter(deployment=spread, state="ready"))) and len(rs) == 2 and rs,
-                120,
-                "both replicas of the spread deployment",
-            )
+            ready = wait_ready("spread", 2, 120)
             assert {r.node.name for r in ready} == {node_a, node_b}
 
             pd = create_deployment(
                 {"slug": "pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
                  "decode_replicas": 1, "replicas": 0, "max_num_seqs": 8}
             )  # fmt: skip
-            roles = wait_for(
-                lambda: (
-                    (rs := {r.role: r for r in Replica.objects.filter(deployment=pd, state="ready")})
-                    and len(rs) == 2
-                    and rs
-                ),
-                120,
-                "the prefill and decode replicas",
-            )
+            roles = {r.role: r for r in wait_ready("pd", 2, 120)}
             assert roles["prefill"].node.name != roles["decode"].node.name
 
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
@@ -83,9 +60,9 @@ def test_two_nodes_spread_replicas_move_kv_between_them_and_take_over(tmp_path):
             assert "Lima" in raw.parse().choices[0].text
             # The decode replica received the prompt's KV blocks from the other node.
             transfer = wait_for(
-                lambda: _load(roles["decode"].pk).get("kv_transfer", {}).get("handoffs"), 10, "a handoff"
+                lambda: replica_load(roles["decode"].pk).get("kv_transfer", {}).get("handoffs"), 10, "a handoff"
             )
-            assert transfer >= 1 and _load(roles["decode"].pk)["kv_transfer"]["fallbacks"] == 0
+            assert transfer >= 1 and replica_load(roles["decode"].pk)["kv_transfer"]["fallbacks"] == 0
 
             # Node b's agent stops: its replicas drain, and their replacements start on node a.
             on_b = set(Replica.objects.filter(node__name=node_b, state="ready").values_list("pk", flat=True))

@@ -1,8 +1,11 @@
 """Real Switchyard processes for integration tests: web (uvicorn), the control Celery worker and
-a node agent, all on the test database and Redis. Bounded waits only."""
+a node agent, all on the test database and Redis; and the steps every stack's fixture takes
+around them (the demo model, the node online, a deployment's replicas ready, the web server up).
+Bounded waits only."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,10 +13,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import redis
 from django.conf import settings
 
 from workers.bench.processes import ROOT, stop
+from workers.demo import MODEL_DIR
+from workers.protocol import replica as protocol
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
@@ -77,6 +83,30 @@ def start_agent(state_dir: Path, node: str, env: dict, log_name: str = "agent") 
     return proc, logf
 
 
+def web_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--no-access-log"]  # fmt: skip
+
+
+def start_web(state_dir: Path, port: int, env: dict, log_name: str = "web") -> tuple[subprocess.Popen, object]:
+    """A web process besides the one `processes` starts (with other settings, say)."""
+    logf = open(state_dir / f"{log_name}.log", "wb")  # noqa: SIM115 - closed by the caller's stop()
+    proc = subprocess.Popen(web_command(port), cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    return proc, logf
+
+
+def web_up(base: str) -> bool:
+    """The web process answers its health check (its database and Redis reachable)."""
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_web(base: str, timeout: float = 30) -> None:
+    wait_for(lambda: web_up(base), timeout, f"the web server at {base}")
+
+
 @contextmanager
 def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None, beat: bool = False):
     """Start the control worker, the node agent, (with `web_port`) uvicorn and (with `beat`)
@@ -90,8 +120,7 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
     # SWITCHYARD_NODE set everywhere, as an operator may: only the agent becomes an agent.
     env = {**env, "SWITCHYARD_NODE": node}
     if web_port is not None:
-        commands["web"] = [sys.executable, "-m", "uvicorn", "controlplane.config.asgi:application",
-                           "--host", "127.0.0.1", "--port", str(web_port), "--no-access-log"]  # fmt: skip
+        commands["web"] = web_command(web_port)
     if beat:
         commands["beat"] = [sys.executable, "-m", "celery", "-A", "controlplane.config", "beat",
                             "--schedule", str(state_dir / "celerybeat-schedule"), "--loglevel", "WARNING"]  # fmt: skip
@@ -110,3 +139,59 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
         yield procs
     finally:
         stop(procs, logs.values(), timeout=20)
+
+
+# -- the platform's state, as the tests set it up and read it ------------------------------------
+@contextmanager
+def committed(django_db_blocker):
+    """For a module-scoped stack: what the fixture writes is committed (the stack's processes
+    read it, outside each test's transaction) and flushed once the module is done."""
+    from django.core.management import call_command
+
+    with django_db_blocker.unblock():
+        yield
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def demo_model(name: str = "demo-model"):
+    """The demo model, registered and validated here (the stack's processes only read it)."""
+    from controlplane.catalog.services import register_model, validate_model
+
+    model = validate_model(register_model(name=name, source=str(MODEL_DIR)).pk)
+    assert model.status == "ready", model.status_message
+    return model
+
+
+def wait_online(node: str, timeout: float = 60) -> None:
+    from controlplane.inventory.models import Node
+
+    wait_for(lambda: Node.objects.filter(name=node, status="online").exists(), timeout, f"the agent of {node}")
+
+
+def wait_ready(slug: str, n: int, timeout: float) -> list:
+    """The deployment's ready replicas, once there are exactly `n`."""
+    from controlplane.deployments.models import Replica
+
+    def ready():
+        replicas = list(Replica.objects.filter(deployment__slug=slug, state="ready"))
+        return replicas if len(replicas) == n else None
+
+    return wait_for(ready, timeout, f"{n} ready replica(s) of {slug}")
+
+
+def replica_status(replica_id: int) -> dict:
+    """The status hash a replica heartbeats into the test Redis."""
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).hgetall(protocol.status_key(replica_id))
+
+
+def replica_load(replica_id: int) -> dict:
+    return json.loads(replica_status(replica_id).get("load") or "{}")
+
+
+def metric(base: str, name: str, **labels) -> float:
+    """The sum of the web process's /metrics samples called `name` with these labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(base + "/metrics", timeout=10).text
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
