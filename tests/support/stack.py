@@ -149,8 +149,12 @@ def committed(django_db_blocker):
     from django.core.management import call_command
 
     with django_db_blocker.unblock():
-        yield
-        call_command("flush", interactive=False, verbosity=0)
+        try:
+            yield
+        finally:
+            # Also when the setup failed: left committed, its rows (the model's name, the
+            # deployments' slugs) would fail the next module's setup as well.
+            call_command("flush", interactive=False, verbosity=0)
 
 
 def demo_model(name: str = "demo-model"):
