@@ -42,18 +42,20 @@ def replicas(model_dir, tmp_path_factory):
                            local_prefill_tokens=0)  # fmt: skip
         procs[rid], logs[rid] = start_replica(spec, state)
 
-    start(PREFILL, "prefill")
-    start(DECODE, "decode")
-    start(MISMATCHED, "decode", block_size=8)
-    start(COLOCATED, "colocated")
-    for rid in procs:
-        wait_for(lambda rid=rid: client.hget(protocol.status_key(rid), "state") == "ready", 90, f"replica {rid}")
-    yield {"redis": client, "procs": procs, "state": state, "start": start}
-    for p in procs.values():
-        p.kill()
-        p.wait()
-    for f in logs.values():
-        f.close()
+    try:
+        start(PREFILL, "prefill")
+        start(DECODE, "decode")
+        start(MISMATCHED, "decode", block_size=8)
+        start(COLOCATED, "colocated")
+        for rid in procs:
+            wait_for(lambda rid=rid: client.hget(protocol.status_key(rid), "state") == "ready", 90, f"replica {rid}")
+        yield {"redis": client, "procs": procs, "state": state, "start": start}
+    finally:  # also when a replica never got ready: the others are not left running
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        for f in logs.values():
+            f.close()
 
 
 def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10):
