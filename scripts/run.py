@@ -61,7 +61,6 @@ class Service:
     name: str
     args: list[str]
     log_path: Path
-    env: dict | None = None
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     delay: float = 0.0  # the delay of the last restart (0: none yet, or it ran long enough)
@@ -82,8 +81,8 @@ class Supervisor:
     services: list[Service] = field(default_factory=list)
     stopped: bool = False
 
-    def start(self, name: str, args: list[str], log_path: Path, env: dict | None = None) -> Service:
-        service = Service(name, args, log_path, env)
+    def start(self, name: str, args: list[str], log_path: Path) -> Service:
+        service = Service(name, args, log_path)
         self.services.append(service)
         self._spawn(service)
         return service
@@ -93,7 +92,7 @@ class Supervisor:
             # Its own process group: a terminal's Ctrl-C reaches make run alone, which stops
             # the processes in order (the agent first, so that it drains its replicas).
             s.proc = subprocess.Popen(
-                s.args, cwd=self.cwd, env=s.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                s.args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 process_group=0, preexec_fn=_die_with_parent,
             )  # fmt: skip
         s.started_at, s.restart_at = time.monotonic(), None
