@@ -49,7 +49,7 @@ def replicas(model_dir, tmp_path_factory):
         start(COLOCATED, "colocated")
         for rid in procs:
             wait_for(lambda rid=rid: client.hget(protocol.status_key(rid), "state") == "ready", 90, f"replica {rid}")
-        yield {"redis": client, "procs": procs, "state": state, "start": start}
+        yield {"redis": client, "procs": procs}
     finally:  # also when a replica never got ready: the others are not left running
         for p in procs.values():
             p.kill()
