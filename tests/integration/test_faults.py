@@ -25,6 +25,7 @@ from tests.support.stack import (
     wait_for,
     wait_online,
     wait_ready,
+    wait_web,
 )
 from workers.bench.processes import RedisServer, free_port, stop
 
@@ -52,6 +53,7 @@ def platform(tmp_path):
     try:
         with processes(tmp_path, node, env, web_port=port) as procs:
             wait_online(node)
+            wait_web(f"http://127.0.0.1:{port}")  # _deploy's request is the first: no replica to wait for before it
             yield {"base": f"http://127.0.0.1:{port}", "key": key, "model": model, "node": node, "env": env,
                    "procs": procs, "redis": server, "state": tmp_path, "token": token}  # fmt: skip
     finally:
