@@ -200,19 +200,25 @@ def _earlier(replicas, field: str, seconds: float) -> None:
     replicas.update(**{field: timezone.now() - timedelta(seconds=seconds)})
 
 
-def test_failure_budget_resets_after_a_replica_was_ready_for_the_healthy_period(model, settings):
-    settings.SWITCHYARD = {**settings.SWITCHYARD, "REPLICA_HEALTHY_SECONDS": 300}
+def _two_failures_then_ready_for(model, seconds: float) -> tuple[Deployment, Replica]:
+    """Two replicas of a one-replica deployment failed, the third has been ready for `seconds`
+    (the clock is moved back instead of waiting), the failures before that; reconciled."""
     _node()
     dep = _deploy(model)
     _fail_next(dep)
     _fail_next(dep)
     reconcile_all()
-    (steady,) = _pending(dep)
-    _ready(steady)
-    # Ready for the healthy period: the clock is moved back instead of waiting 5 minutes.
+    (replica,) = _pending(dep)
+    _ready(replica)
     _earlier(dep.replica_set.filter(state="failed"), "stopped_at", 400)
-    _earlier(Replica.objects.filter(pk=steady.pk), "ready_at", 301)
+    _earlier(Replica.objects.filter(pk=replica.pk), "ready_at", seconds)
     reconcile_all()
+    return dep, replica
+
+
+def test_failure_budget_resets_after_a_replica_was_ready_for_the_healthy_period(model, settings):
+    settings.SWITCHYARD = {**settings.SWITCHYARD, "REPLICA_HEALTHY_SECONDS": 300}
+    dep, steady = _two_failures_then_ready_for(model, 301)
     dep.refresh_from_db()
     assert dep.failure_budget_reset_at is not None
     _fail(steady)
@@ -230,16 +236,7 @@ def test_failure_budget_resets_after_a_replica_was_ready_for_the_healthy_period(
 
 def test_a_replica_ready_for_less_than_the_healthy_period_does_not_reset_the_budget(model, settings):
     settings.SWITCHYARD = {**settings.SWITCHYARD, "REPLICA_HEALTHY_SECONDS": 300}
-    _node()
-    dep = _deploy(model)
-    _fail_next(dep)
-    _fail_next(dep)
-    reconcile_all()
-    (brief,) = _pending(dep)
-    _ready(brief)
-    _earlier(dep.replica_set.filter(state="failed"), "stopped_at", 400)
-    _earlier(Replica.objects.filter(pk=brief.pk), "ready_at", 200)
-    reconcile_all()
+    dep, brief = _two_failures_then_ready_for(model, 200)
     _fail(brief)
     reconcile_all()
     dep.refresh_from_db()
