@@ -21,10 +21,6 @@ class DomainError(Exception):
         self.field = field
 
 
-class Conflict(DomainError):
-    status_code = status.HTTP_409_CONFLICT
-
-
 class UnusableValue(exceptions.APIException):
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "invalid"

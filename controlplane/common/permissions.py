@@ -11,10 +11,3 @@ class StaffWritesOrReadOnly(BasePermission):
         if not (user and user.is_authenticated):
             return False
         return request.method in SAFE_METHODS or user.is_staff
-
-
-class StaffOnly(BasePermission):
-    message = "Only staff users can see this resource."
-
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated and request.user.is_staff)

@@ -23,9 +23,3 @@ class ModelSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = [f for f in fields if f not in ("name", "source_type", "source")]
-
-
-class ModelUpdateSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Model
-        fields = ["name"]
