@@ -9,7 +9,6 @@ to start or stop processes (`send_start` / `send_stop`). Agents report back with
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from datetime import timedelta
 
 from django.conf import settings
@@ -44,7 +43,7 @@ RECONCILE_ON = (State.READY, State.STOPPED, State.FAILED)
 
 def send_start(replica: Replica) -> None:
     """Ask the replica's node agent to start it, from a spec built now (after commit)."""
-    spec = asdict(build_spec(replica))
+    spec = build_spec(replica).to_wire()
     _send_after_commit(control.START_REPLICA, spec, replica.node.queue)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypedDict
 
 from workers.protocol.wire import ProtocolError, Wire, check_version, expect_object, from_wire
@@ -537,7 +537,7 @@ class ReplicaStatus:
 
 
 @dataclass
-class ReplicaSpec:
+class ReplicaSpec(Wire):
     """Everything a replica process needs to start. The control worker builds it from the
     database and sends it to the node agent (workers.protocol.control), which fills in what is
     its machine's (Redis URL, KV transfer address, threads) and writes it as JSON next to the
@@ -569,8 +569,8 @@ class ReplicaSpec:
     version: int = VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(self.to_wire(), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ReplicaSpec:
-        return from_wire(cls, json.loads(text))
+        return cls.from_wire(json.loads(text))
