@@ -1,17 +1,13 @@
-import hashlib
 import secrets
 
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.services import hash_secret
 from controlplane.events.services import record_event
 from controlplane.gateway.models import ApiKey
 
 KEY_PREFIX = "sy-"
-
-
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @transaction.atomic
