@@ -1,6 +1,7 @@
-"""The node agent's settings, read from the environment (the same variable names and defaults
-as the control plane's settings; see the README's configuration table). The agent does not
-load Django: a GPU node needs Redis, not the database or the web settings."""
+"""The node agent's settings, read from the environment: the variables and defaults of the
+README's configuration table (the control plane's settings do not hold them; only agents read
+them). The agent does not load Django: a GPU node needs Redis, not the database or the web
+settings."""
 
 from __future__ import annotations
 
