@@ -21,6 +21,8 @@ from dataclasses import replace
 
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -35,6 +37,11 @@ LIVENESS_CHECK_SECONDS = 0.5
 SUBSCRIBE_WAIT_SECONDS = 5.0
 # Requests wait for a free connection rather than fail when thousands of streams are open.
 MAX_CONNECTIONS = 64
+# A pooled connection that outlived a Redis restart fails its next command with "Connection
+# closed by server" (redis-py notices only then); the command is sent again on a new connection.
+# Such a command never reached the new server; a duplicate from a server that died after
+# executing it is dropped by the replica (it ignores a `generate` whose id it already has).
+CONNECTION_RETRIES = 2
 # Codes of the error events the gateway makes itself (a replica never sends them).
 REPLICA_LOST = "replica_lost"  # it stopped, hung or restarted under the request: resume it elsewhere
 BROKER_LOST = "broker_lost"  # the reply channel lost Redis: what was published meanwhile is lost
@@ -89,7 +96,12 @@ class RequestStream:
 class ReplicaHub:
     def __init__(self, url: str):
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=30
+            url,
+            decode_responses=True,
+            max_connections=MAX_CONNECTIONS,
+            timeout=30,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), CONNECTION_RETRIES),
+            retry_on_error=[RedisConnectionError],
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.channel = f"switchyard:gateway:{uuid.uuid4().hex}"
