@@ -32,6 +32,7 @@ import redis
 
 from workers.agent.config import AgentConfig
 from workers.protocol.control import ReplicaEvent, ReplicaReport
+from workers.protocol.kv_blocks import kv_index_key
 from workers.protocol.replica import HEARTBEAT_STALE_SECONDS, ReplicaSpec, ReplicaStatus, status_key
 from workers.protocol.wire import ProtocolError
 
@@ -214,6 +215,8 @@ class Supervisor:
                     spec_path.unlink(missing_ok=True)
                     continue
                 if spec.replica_id in self.replicas or not _is_replica_process(pid, spec.replica_id):
+                    if spec.replica_id not in self.replicas:
+                        self._drop_kv_index(spec.replica_id)  # it died while no agent watched
                     self._forget(m)
                     continue
                 m.process = AdoptedProcess(pid)
@@ -237,6 +240,7 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     m.process.kill()
             for m in list(self.replicas.values()):
+                self._drop_kv_index(m.replica_id)
                 self._event(m, "stopped", error="node agent shut down", log_tail=tail(m.log_path))
                 self._forget(m)
 
@@ -262,6 +266,15 @@ class Supervisor:
         return out
 
     # -- internals ------------------------------------------------------------------------------
+    def _drop_kv_index(self, replica_id: int) -> None:
+        """A replica process that is gone holds no KV: drop the block hashes it published for
+        routing (workers.protocol.kv_blocks). Routers read only ready replicas' sets, so this
+        is hygiene: with Redis away it is skipped, and a next incarnation drops them anyway."""
+        try:
+            self.redis.delete(kv_index_key(replica_id))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("replica %s: could not drop its KV index (%s)", replica_id, exc)
+
     def _forget(self, m: Managed) -> None:
         self.replicas.pop(m.replica_id, None)
         m.spec_path.unlink(missing_ok=True)
@@ -350,6 +363,7 @@ class Supervisor:
                 m.process.kill()
             return
         # The process has exited.
+        self._drop_kv_index(m.replica_id)
         if not m.want_running:
             self._forget(m)
             self._event(m, "stopped", log_tail=tail(m.log_path))

@@ -7,24 +7,16 @@
   every hit is verified against the stored token ids, so a hash collision never reuses wrong KV.
 * Freed blocks that carry a hash stay findable until their memory is needed: they are evicted
   least-recently-used first, after all never-cached free blocks are used up.
+* Every hash that enters or leaves the cache is recorded (`take_kv_events`), so the replica can
+  publish which blocks it holds for prefix-aware routing (workers.protocol.kv_blocks).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 
-import numpy as np
-
 from workers.engine.sequence import Sequence
-
-
-def chain_hash(prev: int | None, token_ids) -> int:
-    """Stable across processes (unlike `hash()`), so replicas and routers agree on it."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update((prev if prev is not None else 0).to_bytes(8, "little", signed=False))
-    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-    return int.from_bytes(h.digest(), "little")
+from workers.protocol.kv_blocks import chain_hash  # routers compute the same hashes
 
 
 class Block:
@@ -47,6 +39,8 @@ class BlockManager:
         self.free_uncached: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
         self.hash_to_block: dict[int, int] = {}
+        # Hashes that joined (True) or left (False) hash_to_block since take_kv_events.
+        self._kv_changes: dict[int, bool] = {}
         self.hits = 0  # prompt blocks served from the cache (for metrics)
         self.queries = 0  # prompt blocks looked up
 
@@ -113,8 +107,7 @@ class BlockManager:
         else:
             bid, _ = self.free_cached.popitem(last=False)  # evict the least recently used
             block = self.blocks[bid]
-            if self.hash_to_block.get(block.hash) == bid:
-                del self.hash_to_block[block.hash]
+            self._uncache(block)
             block.hash, block.token_ids = None, ()
         self.blocks[bid].ref_count = 1
         return bid
@@ -147,7 +140,9 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 block.hash, block.token_ids = h, tokens
-                self.hash_to_block.setdefault(h, block.block_id)
+                if h not in self.hash_to_block:  # else another block already serves this prefix
+                    self.hash_to_block[h] = block.block_id
+                    self._kv_changed(h, True)
 
     # -- release ------------------------------------------------------------------------------
     def _release(self, bid: int) -> None:
@@ -187,7 +182,38 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         for bid in list(self.free_cached):
             block = self.blocks[bid]
-            self.hash_to_block.pop(block.hash, None)
+            self._uncache(block)
             block.hash, block.token_ids = None, ()
             self.free_uncached.append(bid)
         self.free_cached.clear()
+
+    # -- what the cache holds, for prefix-aware routing -----------------------------------------
+    def _uncache(self, block: Block) -> None:
+        """`block` leaves the prefix cache (if it is the one serving its hash)."""
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
+            del self.hash_to_block[block.hash]
+            self._kv_changed(block.hash, False)
+
+    def _kv_changed(self, h: int, cached: bool) -> None:
+        # A hash enters and leaves hash_to_block in turn, so a change still pending for it is
+        # the opposite one: the two cancel out (what was taken last already says this). Hence
+        # at most one entry per hash, and never more than the blocks cached now plus those
+        # cached at the last take, even when nobody takes them (offline use).
+        if self._kv_changes.pop(h, None) is None:
+            self._kv_changes[h] = cached
+
+    def take_kv_events(self) -> tuple[list[int], list[int]]:
+        """(stored, removed): the hashes that joined and left the prefix cache since the last
+        call (or the last `take_kv_snapshot`), net of changes that cancelled out: applied to the
+        set as it stood then (empty at first), they give `set(hash_to_block)`. Always empty
+        without prefix caching."""
+        changes, self._kv_changes = self._kv_changes, {}
+        stored = [h for h, cached in changes.items() if cached]
+        removed = [h for h, cached in changes.items() if not cached]
+        return stored, removed
+
+    def take_kv_snapshot(self) -> list[int]:
+        """Every hash the prefix cache can serve now; the pending events are part of it, so
+        they are dropped (the next `take_kv_events` starts from this state)."""
+        self._kv_changes = {}
+        return list(self.hash_to_block)

@@ -276,6 +276,15 @@ class LLMEngine:
         seq.text = seq.text[:best]
         return True
 
+    # -- what the prefix cache holds (the replica publishes it for routing) ---------------------
+    def take_kv_events(self) -> tuple[list[int], list[int]]:
+        """(stored, removed) block hashes since the last call: BlockManager.take_kv_events."""
+        return self.block_manager.take_kv_events()
+
+    def take_kv_snapshot(self) -> list[int]:
+        """Every block hash the prefix cache holds now: BlockManager.take_kv_snapshot."""
+        return self.block_manager.take_kv_snapshot()
+
     # -- introspection for metrics ------------------------------------------------------------
     def stats(self) -> dict:
         bm = self.block_manager

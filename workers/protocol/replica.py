@@ -14,8 +14,9 @@
   logprobs; the last carries `finish_reason`, `usage` and `timings`), or an `ErrorEvent` (`status`,
   `message`, `param`, `code`; e.g. 400 for a prompt over the context). `read_event` reads one.
 - It reports itself in the **status hash** `switchyard:replica:<id>:status`: `ReplicaStatus`
-  (state, load, endpoint, metrics, heartbeat, incarnation). The node agent's supervisor mirrors
-  it into the database; the gateway reads it to route and to notice a replica lost mid-request.
+  (state, load, endpoint, metrics, heartbeat, incarnation, kv_block_size). The node agent's
+  supervisor mirrors it into the database; the gateway reads it to route and to notice a replica
+  lost mid-request. Which KV blocks it holds is a set of its own (workers/protocol/kv_blocks.py).
 - `ReplicaSpec`: everything a replica process starts with.
 
 Every message, event and status carries a `version`: a side refuses one newer than its own
@@ -476,8 +477,9 @@ class ReplicaStatus:
     """What a replica reports of itself, in its status hash (the replica is its one writer).
     `state`: loading -> ready -> draining -> stopped ("" when it has reported nothing).
     `progress` while loading; `load`, `endpoint`, `metrics` (ReplicaMetrics: counters and
-    histograms) and `incarnation` (changes with each process start) once it serves. A field left
-    empty is not written, so what an earlier write put there stays."""
+    histograms), `incarnation` (changes with each process start) and `kv_block_size` (tokens per
+    KV block, for prefix-aware routing: workers.protocol.kv_blocks; 0 when not reported) once it
+    serves. A field left empty is not written, so what an earlier write put there stays."""
 
     state: str = ""
     heartbeat: float = 0.0  # unix time of the last report
@@ -486,6 +488,7 @@ class ReplicaStatus:
     load: ReplicaLoad = field(default_factory=dict)  # type: ignore[assignment]
     endpoint: Endpoint = field(default_factory=dict)  # type: ignore[assignment]
     metrics: dict = field(default_factory=dict)
+    kv_block_size: int = 0
     version: int = VERSION
 
     def is_fresh(self, now: float | None = None) -> bool:
@@ -500,6 +503,8 @@ class ReplicaStatus:
         out = {"state": self.state, "heartbeat": f"{self.heartbeat:.3f}", "version": str(self.version)}
         if self.incarnation:
             out["incarnation"] = self.incarnation
+        if self.kv_block_size:
+            out["kv_block_size"] = str(self.kv_block_size)
         for name in _JSON_FIELDS:
             value = getattr(self, name)
             if value:
@@ -521,7 +526,16 @@ class ReplicaStatus:
             heartbeat = float(raw.get("heartbeat") or 0)
         except ValueError:
             heartbeat = 0.0
-        status = cls(state=raw.get("state") or "", heartbeat=heartbeat, incarnation=raw.get("incarnation") or "")
+        try:
+            kv_block_size = max(int(raw.get("kv_block_size") or 0), 0)
+        except ValueError:
+            kv_block_size = 0
+        status = cls(
+            state=raw.get("state") or "",
+            heartbeat=heartbeat,
+            incarnation=raw.get("incarnation") or "",
+            kv_block_size=kv_block_size,
+        )
         for name in _JSON_FIELDS:
             if raw.get(name):
                 try:

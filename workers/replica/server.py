@@ -8,6 +8,9 @@ on the request stream and queues what it reads, so no Redis round trip waits in 
 more than the round trip it saved.)
 SIGTERM drains: requests in flight finish, new ones are refused (503) so the gateway can send
 them elsewhere.
+The same write carries the step's changes to the replica's KV index, the Redis set of the block
+hashes its prefix cache holds (workers/protocol/kv_blocks.py), so routers see them a step later.
+Every role keeps one (a prefill replica's cache is as real as a colocated one's).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import redis
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.protocol import replica as protocol
+from workers.protocol.kv_blocks import kv_index_key, kv_members
 from workers.protocol.replica import (
     AbortMessage,
     AcceptedEvent,
@@ -82,6 +86,8 @@ class ReplicaServer:
         self.metrics = ReplicaMetrics()
         self.status_key = protocol.status_key(spec.replica_id)
         self.stream = protocol.requests_key(spec.replica_id)
+        self.kv_key = kv_index_key(spec.replica_id)
+        self._kv_resync = False  # the KV index is to be written whole (Redis was unreachable)
         self.inflight: dict[str, Inflight] = {}
         self.draining = False
         self.last_id = "0-0"
@@ -99,6 +105,9 @@ class ReplicaServer:
         # Start after whatever an earlier incarnation left in the stream: those clients are gone.
         last = self.redis.xrevrange(self.stream, count=1)
         self.last_id = last[0][0] if last else "0-0"
+        # What an earlier incarnation published went with its memory. The engine's pending KV
+        # events hold all it has cached so far, so the first flush fills the set from here.
+        self.redis.delete(self.kv_key)
         threading.Thread(target=self._intake_loop, name="intake", daemon=True).start()
         self._heartbeat("ready", force=True)
         log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model)
@@ -116,6 +125,7 @@ class ReplicaServer:
             self._flush()
             self._heartbeat("draining" if self.draining else "ready")
         self._stopping.set()
+        self._drop_kv_index()
         self._heartbeat("stopped", force=True)
         log.info("replica %s drained and stopped", self.spec.replica_id)
 
@@ -311,30 +321,69 @@ class ReplicaServer:
         two engine steps."""
         conn = self._publish_conn
         try:
-            for _ in range(self._unread_replies):
-                conn.read_response()
-            self._unread_replies = 0
-            if self._pending:
-                conn.send_packed_command(
-                    conn.pack_commands(
-                        [("PUBLISH", channel, protocol.encode(event.to_wire())) for channel, event in self._pending]
-                    )
-                )
-                self._unread_replies = len(self._pending)
+            self._read_replies()
+            commands = [("PUBLISH", channel, protocol.encode(event.to_wire())) for channel, event in self._pending]
+            commands += self._kv_commands()
+            if commands:
+                conn.send_packed_command(conn.pack_commands(commands))
+                self._unread_replies = len(commands)
                 self._pending = []
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._on_redis_lost(exc)
 
+    def _read_replies(self) -> None:
+        """Read the replies to the last flush's write."""
+        for _ in range(self._unread_replies):
+            try:
+                self._publish_conn.read_response()
+            except redis.ResponseError as exc:  # one command refused (a foreign value at our key?): the rest stand
+                log.warning("Redis refused a write: %s", exc)
+        self._unread_replies = 0
+
+    def _kv_commands(self) -> list[tuple]:
+        """The writes that bring the KV index up to date: the engine's changes since the last
+        flush or, after Redis was unreachable, the whole index (deltas sent meanwhile may be
+        lost, and a restarted Redis may hold none of it)."""
+        key = self.kv_key
+        if self._kv_resync:
+            if self.redis_lost_at is not None:
+                return []  # not back yet (the intake notices); the engine keeps the changes
+            self._kv_resync = False
+            members = kv_members(self.engine.take_kv_snapshot())
+            if not members:
+                return [("DEL", key)]
+            # In one transaction, so that no router reads the set emptied halfway.
+            return [("MULTI",), ("DEL", key), ("SADD", key, *members), ("EXEC",)]
+        stored, removed = self.engine.take_kv_events()
+        commands: list[tuple] = []
+        if removed:
+            commands.append(("SREM", key, *kv_members(removed)))
+        if stored:
+            commands.append(("SADD", key, *kv_members(stored)))
+        return commands
+
+    def _drop_kv_index(self) -> None:
+        """Stopping: this incarnation's cache goes with it. Sent on the connection that filled
+        the set, after its last writes, so that none of them lands after the DEL."""
+        try:
+            self._read_replies()
+            self._publish_conn.send_command("DEL", self.kv_key)
+            self._publish_conn.read_response()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.warning("could not drop the KV index %s (%s); the node agent drops it", self.kv_key, exc)
+
     def _on_redis_lost(self, exc: Exception) -> None:
         """Redis went away: what was published since is lost, so the requests in flight cannot
         be answered coherently any more (their gateways have ended them with an error). Abort
-        them, free their KV, and carry on: the next publish reconnects."""
+        them, free their KV, and carry on: the next publish reconnects. The KV index is
+        written whole once Redis is back."""
         if self.redis_lost_at is None:
             self.redis_lost_at = time.monotonic()
             log.warning("Redis unreachable (%s): aborting %d request(s) in flight", exc, len(self.inflight))
         self._publish_conn.disconnect()
         self._unread_replies = 0
         self._pending = []
+        self._kv_resync = True
         for rid in list(self.inflight):
             self._abort(rid)
 
@@ -390,7 +439,15 @@ class ReplicaServer:
             load["kv_transfer"] = self.disagg.stats.as_dict()
             endpoint["kv_session"] = self.disagg.kv.session
         metrics = {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
-        status = ReplicaStatus(state, time.time(), self.incarnation, load=load, endpoint=endpoint, metrics=metrics)
+        status = ReplicaStatus(
+            state,
+            time.time(),
+            self.incarnation,
+            load=load,
+            endpoint=endpoint,
+            metrics=metrics,
+            kv_block_size=self.engine.config.block_size,
+        )
         try:
             self.redis.hset(self.status_key, mapping=status.to_hash())
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
