@@ -1,0 +1,171 @@
+"""Routing policies: which ready replica should serve a request, as pure functions.
+
+Nothing here reads the database, Redis or HTTP: `router.py` gathers the facts (ready replicas,
+their load, the blocks of the prompt each one holds, a session's binding) and this module turns
+them into a `Plan`. The last step, choosing among the candidates by their load and counting the
+request against the one chosen, must be atomic across web processes, so it runs in Redis
+(`dispatched.py`); `pick` below is that step's rule in Python, the reference the Lua script is
+tested against.
+
+The rule. Each candidate has a static `base` cost from the policy and a `load` (requests in
+flight: the larger of what its heartbeat reports and what the gateways have sent it). With a
+load bound c > 0, a candidate is eligible only while load < ⌈c·(Σload + 1)/n⌉ (consistent hashing
+with bounded loads, Mirrokni, Thorup & Zadimoghaddam 2016: the +1 is the request being placed;
+at least the least-loaded replica always qualifies), and always below MIN_LOAD_CAP. Among the eligible, the lowest
+`base + weight·load` wins; ties go to the most free KV blocks, then to the first candidate. A
+session's binding, when its replica is eligible, wins outright.
+
+The policies (a cache policy's `routing`):
+- `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
+- `least_loaded`: the lowest load (base 0, weight 1, no bound).
+- `session`: the key's replica: the one it is bound to (in Redis, with the policy's TTL), else the
+  first eligible one on a hash ring; unbound keys and keys whose replica left or is over the
+  bound are (re)bound to it. Requests without a key are routed `least_loaded`.
+- `kv_aware`: the fewest blocks to prefill plus load, with the bound: base = the prompt's full
+  blocks minus those the replica holds (`workers.protocol.kv_blocks`), weight LOAD_BLOCKS, so
+  one request in flight costs as much as prefilling LOAD_BLOCKS blocks (Dynamo's
+  `w·prefill_blocks + decode_blocks`, with requests standing in for decode blocks). The bound
+  keeps a popular prefix from piling every request on one replica.
+- `session+kv_aware` (the default): a key's binding as in `session`, but an unbound key is placed
+  by `kv_aware` rather than by the ring (its prefix may already be somewhere); without a key,
+  `kv_aware`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+
+ROUND_ROBIN = "round_robin"
+LEAST_LOADED = "least_loaded"
+SESSION = "session"
+KV_AWARE = "kv_aware"
+SESSION_KV_AWARE = "session+kv_aware"
+POLICIES = (ROUND_ROBIN, LEAST_LOADED, SESSION, KV_AWARE, SESSION_KV_AWARE)
+DEFAULT_POLICY = SESSION_KV_AWARE
+DEFAULT_LOAD_FACTOR = 1.25
+
+# One request in flight weighs as much as prefilling this many blocks (256 tokens at 16 a block):
+# enough that an idle replica is preferred to one already busy with a short-prefix request, small
+# against the hundreds of blocks of a long agent context that a cache hit saves.
+LOAD_BLOCKS = 16
+# Below this many requests in flight a replica is never over the bound: continuous batching serves
+# a few requests nearly as fast as one, and a session that forks sub-agents at once (a burst on
+# an idle fleet, where ⌈c·(Σ+1)/n⌉ is 1) must keep them together.
+MIN_LOAD_CAP = 4
+VIRTUAL_NODES = 64  # points per replica on the ring: shares within a few % of even for 4 replicas
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A ready replica as the router sees it. `cached_blocks`: leading blocks of the prompt it
+    holds (0 when unknown)."""
+
+    replica_id: int
+    reported_load: int = 0
+    free_blocks: int = 0
+    cached_blocks: int = 0
+
+
+@dataclass
+class Plan:
+    """What the atomic pick needs: candidates in order of preference for ties, their base costs,
+    the load weight and bound, and the session binding to honour and keep."""
+
+    candidates: list[Candidate]
+    base: list[float]
+    weight: float
+    load_factor: float  # 0: no bound
+    reason: str
+    session: str | None = None  # the key to honour and bind to the pick
+
+
+def _point(label: str) -> int:
+    return int.from_bytes(hashlib.blake2b(label.encode(), digest_size=8).digest(), "big")
+
+
+def ring_order(key: str, replica_ids: list[int], vnodes: int = VIRTUAL_NODES) -> list[int]:
+    """The replicas in the order met walking a hash ring clockwise from `key`'s point. Each
+    replica has `vnodes` points that depend on its id alone, so adding or removing a replica
+    changes no other replica's position (only the keys of the one that changed move)."""
+    points = sorted((_point(f"replica:{rid}#{i}"), rid) for rid in replica_ids for i in range(vnodes))
+    if not points:
+        return []
+    start = bisect_left(points, (_point(f"key:{key}"), -1))
+    order: list[int] = []
+    for i in range(len(points)):
+        rid = points[(start + i) % len(points)][1]
+        if rid not in order:
+            order.append(rid)
+            if len(order) == len(replica_ids):
+                break
+    return order
+
+
+def load_cap(loads: list[int], factor: float) -> float:
+    """max(⌈c·(Σload + 1)/n⌉, MIN_LOAD_CAP): the load a replica must stay under to take one more
+    request."""
+    if factor <= 0 or not loads:
+        return math.inf
+    return max(math.ceil(factor * (sum(loads) + 1) / len(loads)), MIN_LOAD_CAP)
+
+
+def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None) -> int:
+    """The index of the candidate the rule chooses, given each one's gateway-dispatched count
+    and the replica the plan's session is bound to (the reference implementation of the Lua
+    pick in `dispatched.py`, which reads the binding itself in the same atomic step)."""
+    loads = [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
+    cap = load_cap(loads, plan.load_factor)
+    ids = [c.replica_id for c in plan.candidates]
+    if plan.session is not None and bound_to in ids:
+        i = ids.index(bound_to)
+        if loads[i] < cap:
+            return i
+    eligible = [i for i, load in enumerate(loads) if load < cap]
+    return min(
+        eligible,
+        key=lambda i: (plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
+    )
+
+
+def plan(
+    policy: str,
+    candidates: list[Candidate],
+    *,
+    session: str | None = None,
+    bound_to: int | None = None,
+    prompt_blocks: int = 0,
+    turn: int = 0,
+    load_factor: float = DEFAULT_LOAD_FACTOR,
+) -> Plan:
+    """The plan for one request. `bound_to`: the replica the session key was bound to when the
+    caller looked (None if unbound); it decides only the plan's shape, since the pick reads the
+    binding again atomically. `prompt_blocks`: the prompt's full blocks the engine could
+    reuse (0 when the gateway has no token ids), `turn`: the round-robin counter."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown routing policy {policy!r}")
+    n = len(candidates)
+    if policy == ROUND_ROBIN:
+        start = turn % n if n else 0
+        return Plan(candidates, [float((i - start) % n) for i in range(n)], 0.0, 0.0, ROUND_ROBIN)
+    by_id = {c.replica_id: c for c in candidates}
+    bound = bound_to in by_id
+    use_session = policy in (SESSION, SESSION_KV_AWARE) and session is not None
+    use_kv = policy in (KV_AWARE, SESSION_KV_AWARE) and prompt_blocks > 0
+    if use_session and (bound or policy == SESSION or not use_kv):
+        # Consistent hashing with bounded loads: the binding first, then ring order.
+        ordered = [by_id[rid] for rid in ring_order(session, list(by_id))]
+        reason = "session_bound" if bound else "session_ring"
+        return Plan(ordered, [float(i) for i in range(n)], 0.0, load_factor, reason, session)
+    if use_kv:  # a new (or moved) session key lands where its prefix is, then stays
+        base = [float(prompt_blocks - min(c.cached_blocks, prompt_blocks)) for c in candidates]
+        reason = "session_kv_aware" if use_session else KV_AWARE
+        return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None)
+    reason = LEAST_LOADED
+    if policy in (SESSION, SESSION_KV_AWARE) and session is None:
+        reason += ";no_session_key"
+    elif policy in (KV_AWARE, SESSION_KV_AWARE):
+        reason += ";no_token_ids"
+    return Plan(candidates, [0.0] * n, 1.0, 0.0, reason)

@@ -1,0 +1,131 @@
+"""The routing policies as pure functions (no database, no Redis): consistent hashing with
+bounded loads, the KV-aware cost, round robin, and what each policy falls back to."""
+
+import math
+import random
+from collections import Counter
+
+from controlplane.gateway import routing
+from controlplane.gateway.routing import Candidate
+
+IDS = [11, 12, 13, 14]
+
+
+def idle(ids=IDS, **kw) -> list[Candidate]:
+    return [Candidate(rid, 0, 100, **kw) for rid in ids]
+
+
+def test_a_key_walks_the_ring_from_its_own_point_and_every_replica_appears_once():
+    order = routing.ring_order("session-1", IDS)
+    assert sorted(order) == IDS
+    assert order == routing.ring_order("session-1", list(reversed(IDS)))  # placement ignores list order
+    firsts = Counter(routing.ring_order(f"k{i}", IDS)[0] for i in range(4000))
+    assert set(firsts) == set(IDS)
+    assert max(firsts.values()) / min(firsts.values()) < 1.6  # 64 points each: roughly even
+
+
+def test_removing_a_replica_moves_only_its_keys_and_adding_one_moves_keys_only_to_it():
+    before = {f"k{i}": routing.ring_order(f"k{i}", IDS)[0] for i in range(1000)}
+    after = {k: routing.ring_order(k, [11, 12, 14])[0] for k in before}
+    moved = {k for k in before if before[k] != after[k]}
+    assert moved == {k for k, rid in before.items() if rid == 13}
+    grown = {k: routing.ring_order(k, [*IDS, 15])[0] for k in before}
+    assert {grown[k] for k in before if grown[k] != before[k]} == {15}
+
+
+def test_bounded_loads_keep_every_replica_under_the_cap_for_1000_keys():
+    loads = dict.fromkeys(IDS, 0)
+    for i in range(1000):  # sessions that stay open: each adds to its replica's load
+        cands = [Candidate(rid, loads[rid], 100) for rid in IDS]
+        plan = routing.plan(routing.SESSION, cands, session=f"user-{i}", load_factor=1.25)
+        chosen = plan.candidates[routing.pick(plan, [0] * 4)].replica_id
+        assert loads[chosen] < routing.load_cap(list(loads.values()), 1.25)
+        loads[chosen] += 1
+    assert max(loads.values()) <= math.ceil(1.25 * 1000 / 4)
+    assert sum(loads.values()) == 1000
+
+
+def test_a_session_goes_to_the_first_replica_on_its_ring_that_is_under_the_bound():
+    order = routing.ring_order("s", IDS)
+    cands = [Candidate(rid, 0, 100) for rid in IDS]
+    plan = routing.plan(routing.SESSION, cands, session="s")
+    assert plan.candidates[routing.pick(plan, [0] * 4)].replica_id == order[0]
+    # its first replica busy (9 against a cap of max(ceil(1.25 * 10 / 4), 4) = 4): the next on the ring
+    busy = [Candidate(rid, 9 if rid == order[0] else 0, 100) for rid in IDS]
+    plan = routing.plan(routing.SESSION, busy, session="s")
+    assert plan.candidates[routing.pick(plan, [0] * 4)].replica_id == order[1]
+    # bound elsewhere: the binding wins while that replica is under the cap
+    plan = routing.plan(routing.SESSION, cands, session="s", bound_to=order[2])
+    assert plan.reason == "session_bound"
+    assert plan.candidates[routing.pick(plan, [0] * 4, bound_to=order[2])].replica_id == order[2]
+
+
+def test_kv_aware_prefers_the_cached_prefix_until_load_outweighs_it_or_the_bound_stops_it():
+    cands = [Candidate(11, 4, 100, 0), Candidate(12, 0, 100, 40), Candidate(13, 4, 100, 10)]
+    plan = routing.plan(routing.KV_AWARE, cands, prompt_blocks=50)
+    assert plan.base == [50.0, 10.0, 40.0] and plan.weight == routing.LOAD_BLOCKS == 16
+    # 12 holds 40 of the 50 blocks: 10 + 16 x load; the others 50 and 40 + 16 x 4
+    assert [plan.candidates[routing.pick(plan, [0, n, 0])].replica_id for n in (0, 2, 5)] == [12, 12, 12]
+    assert plan.candidates[routing.pick(plan, [0, 6, 0])].replica_id == 13  # 10 + 96 > 40 + 64
+    # the bound: a long cached prefix (190 of 200 blocks) outweighs any load, until the replica
+    # is over max(ceil(1.25 * (2 + L + 2 + 1) / 3), 4): L = 3 is under it, L = 6 over
+    long = [Candidate(11, 2, 100, 0), Candidate(12, 0, 100, 190), Candidate(13, 2, 100, 10)]
+    bounded = routing.plan(routing.KV_AWARE, long, prompt_blocks=200, load_factor=1.25)
+    assert bounded.candidates[routing.pick(bounded, [0, 3, 0])].replica_id == 12
+    assert bounded.candidates[routing.pick(bounded, [0, 6, 0])].replica_id == 13
+    # ...but below MIN_LOAD_CAP nothing is over the bound, however idle the others
+    idle_others = routing.plan(routing.KV_AWARE, [Candidate(c.replica_id, 0, 100, c.cached_blocks) for c in cands],
+                               prompt_blocks=50)  # fmt: skip
+    assert idle_others.candidates[routing.pick(idle_others, [0, 1, 0])].replica_id == 12  # cap 4, not 1
+
+
+def test_kv_aware_without_token_ids_or_a_session_policy_without_a_key_is_least_loaded():
+    cands = [Candidate(11, 3, 10), Candidate(12, 1, 10), Candidate(13, 1, 50)]
+    for policy, kw, why in [
+        (routing.KV_AWARE, {}, "least_loaded;no_token_ids"),
+        (routing.SESSION, {}, "least_loaded;no_session_key"),
+        (routing.SESSION_KV_AWARE, {}, "least_loaded;no_session_key"),
+        (routing.LEAST_LOADED, {"session": "s", "prompt_blocks": 9}, "least_loaded"),
+    ]:
+        plan = routing.plan(policy, cands, **kw)
+        assert plan.reason == why and plan.session is None
+        assert plan.candidates[routing.pick(plan, [0, 0, 0])].replica_id == 13  # 1 in flight, most free
+
+
+def test_session_kv_aware_places_a_new_key_by_its_prefix_and_a_bound_key_by_its_binding():
+    cands = [Candidate(11, 0, 100, 0), Candidate(12, 0, 100, 30)]
+    plan = routing.plan(routing.SESSION_KV_AWARE, cands, session="s", prompt_blocks=30)
+    assert (plan.reason, plan.session) == ("session_kv_aware", "s")
+    assert plan.candidates[routing.pick(plan, [0, 0])].replica_id == 12
+    plan = routing.plan(routing.SESSION_KV_AWARE, cands, session="s", bound_to=11, prompt_blocks=30)
+    assert plan.reason == "session_bound"
+    assert plan.candidates[routing.pick(plan, [0, 0], bound_to=11)].replica_id == 11
+    gone = routing.plan(routing.SESSION_KV_AWARE, cands, session="s", bound_to=99, prompt_blocks=30)
+    assert gone.reason == "session_kv_aware"  # its replica left: placed by prefix again
+
+
+def test_round_robin_turns_through_the_replicas_whatever_their_load():
+    cands = [Candidate(rid, 50 if rid == 12 else 0, 100) for rid in IDS]
+    picks = []
+    for turn in range(8):
+        plan = routing.plan(routing.ROUND_ROBIN, cands, turn=turn)
+        picks.append(plan.candidates[routing.pick(plan, [0] * 4)].replica_id)
+    assert picks == IDS * 2
+
+
+def test_the_least_loaded_replica_always_qualifies_under_the_bound():
+    rng = random.Random(7)
+    for _ in range(500):
+        loads = [rng.randrange(0, 40) for _ in range(rng.randrange(1, 6))]
+        factor = rng.choice([1.0, 1.1, 1.25, 2.0])
+        assert min(loads) < routing.load_cap(loads, factor)
+        assert routing.load_cap(loads, factor) >= routing.MIN_LOAD_CAP
+
+
+def test_an_unknown_policy_is_refused():
+    try:
+        routing.plan("fastest", idle())
+    except ValueError as exc:
+        assert "fastest" in str(exc)
+    else:
+        raise AssertionError("an unknown policy was accepted")
