@@ -92,6 +92,7 @@ class ReplicaServer:
         self.draining = False
         self.last_id = "0-0"
         self._last_beat = 0.0
+        self._serving_beats = 0  # status writes since serve() began
         self._rate_mark = (time.monotonic(), 0)
         self.tokens_per_second = 0.0
         # Changes with every process start: the gateway notices a replica that restarted under
@@ -449,9 +450,17 @@ class ReplicaServer:
             kv_block_size=self.engine.config.block_size,
         )
         try:
-            self.redis.hset(self.status_key, mapping=status.to_hash())
+            added = self.redis.hset(self.status_key, mapping=status.to_hash())
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._on_redis_lost(exc)
+            return
+        # Every serving beat writes the same fields: new ones after the first mean the hash was
+        # gone, so Redis restarted empty between two beats (its client reconnects silently) and
+        # took the KV index with it.
+        if added and self._serving_beats:
+            log.warning("the status hash had vanished (Redis restarted?): rewriting the KV index")
+            self._kv_resync = True
+        self._serving_beats += 1
 
 
 def _resumed(resume: Resume | None, prompt_ids: list[int]) -> tuple[list[int], int]:

@@ -1,0 +1,127 @@
+"""A real replica process publishes the block hashes its prefix cache holds into its Redis set
+(workers/protocol/kv_blocks.py): after two requests with the same prompt the set is exactly the
+blocks they computed and a router's lookup finds the prompt's prefix; after Redis restarts empty
+the replica writes the whole set again; a replica that stops leaves no set behind. The replica
+runs against a redis-server of its own so that the test can restart it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import uuid
+
+import pytest
+import redis
+import redis.asyncio
+
+from tests.support.stack import wait_for
+from workers.bench.processes import RedisServer, start_replica
+from workers.protocol import replica as protocol
+from workers.protocol.kv_blocks import cached_blocks, kv_index_key, prefix_hashes
+from workers.protocol.replica import ReplicaSpec, ReplicaStatus
+
+pytestmark = pytest.mark.timeout(120)
+REPLICA = 9411
+BLOCK = 4
+PROMPT = list(range(40, 61))  # 21 tokens: 5 reusable full blocks
+MAX_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def replica(model_dir, tmp_path_factory):
+    state = tmp_path_factory.mktemp("kv-index")
+    server = RedisServer()
+    server.start()
+    client = redis.Redis(port=server.port, decode_responses=True)
+    client.sadd(kv_index_key(REPLICA), "123")  # left by an earlier incarnation
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", model=str(model_dir), model_name="tiny",
+                       dtype="float32", block_size=BLOCK, threads=1, redis_url=server.url,
+                       kv_cache_bytes=16 << 20)  # fmt: skip
+    process, log = start_replica(spec, state)
+    try:
+        wait_for(lambda: client.hget(protocol.status_key(REPLICA), "state") == "ready", 90, "the replica")
+        yield {"redis": client, "server": server, "process": process}
+    finally:
+        process.kill()
+        process.wait()
+        log.close()
+        client.close()
+        server.kill()
+
+
+def generate(client: redis.Redis, prompt: list[int]) -> tuple[list[int], dict]:
+    """Send one greedy request; its output token ids and usage."""
+    rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"reply-{uuid.uuid4().hex[:8]}"
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    pubsub.get_message(timeout=1)
+    params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    message = {"type": "generate", "id": rid, "reply_to": channel, "prompt_token_ids": prompt, "params": params}
+    client.xadd(protocol.requests_key(REPLICA), {"m": json.dumps(message)})
+    tokens: list[int] = []
+    try:
+        while True:
+            m = pubsub.get_message(timeout=30)
+            assert m is not None, "no reply from the replica"
+            if m["type"] != "message":
+                continue
+            event = json.loads(m["data"])
+            assert event["type"] != "error", event
+            tokens += event.get("token_ids", [])
+            if event.get("finish_reason"):
+                return tokens, event["usage"]
+    finally:
+        pubsub.close()
+
+
+def members(client: redis.Redis) -> set[int]:
+    return {int(h) for h in client.smembers(kv_index_key(REPLICA))}
+
+
+def lookup(url: str, hashes: list[int]) -> dict[int, int]:
+    async def ask():
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            return await cached_blocks(client, [REPLICA, REPLICA + 1], hashes)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(ask())
+
+
+def test_the_set_holds_the_blocks_the_replica_computed(replica):
+    client = replica["redis"]
+    first, usage = generate(client, PROMPT)
+    assert usage["cached_tokens"] == 0
+    again, usage = generate(client, PROMPT)
+    assert again == first and usage["cached_tokens"] == len(prefix_hashes(PROMPT, BLOCK)) * BLOCK == 20
+    # Every token but the last sampled one has its K/V cached: the full blocks among them.
+    held = set(prefix_hashes(PROMPT + first, BLOCK))
+    assert set(prefix_hashes(PROMPT, BLOCK)) < held
+    wait_for(lambda: members(client) == held, 5, "the set to hold the computed blocks")  # the earlier "123" is gone
+    assert lookup(replica["server"].url, prefix_hashes(PROMPT, BLOCK)) == {REPLICA: 5, REPLICA + 1: 0}
+    assert lookup(replica["server"].url, prefix_hashes([7, *PROMPT], BLOCK)) == {REPLICA: 0, REPLICA + 1: 0}
+    status = ReplicaStatus.from_hash(client.hgetall(protocol.status_key(REPLICA)))
+    assert status.kv_block_size == BLOCK
+
+
+def test_after_redis_restarts_empty_the_replica_publishes_its_whole_cache_again(replica):
+    client, server = replica["redis"], replica["server"]
+    first, _ = generate(client, PROMPT)
+    held = set(prefix_hashes(PROMPT + first, BLOCK))
+    wait_for(lambda: held <= members(client), 5, "the set to hold the prompt's blocks")
+    server.kill()
+    server.start()  # same port, nothing kept
+    assert members(client) == set()
+    wait_for(lambda: held <= members(client), 15, "the replica to publish its cache again")
+
+
+def test_a_replica_that_stops_leaves_no_set(replica):
+    client, process = replica["redis"], replica["process"]
+    generate(client, PROMPT)
+    wait_for(lambda: members(client), 5, "the set to fill")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert not client.exists(kv_index_key(REPLICA))
+    assert client.hget(protocol.status_key(REPLICA), "state") == "stopped"
