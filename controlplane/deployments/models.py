@@ -2,6 +2,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.catalog.models import Model
+from controlplane.gateway import routing as policies  # pure functions: no models, no database
 from controlplane.inventory.models import Device, Node
 
 
@@ -13,6 +14,17 @@ class CachePolicy(models.Model):
     block_size = models.PositiveSmallIntegerField(default=16, validators=[MinValueValidator(1), MaxValueValidator(256)])
     session_affinity_header = models.CharField(max_length=100, default="x-session-affinity")
     session_affinity_ttl_seconds = models.PositiveIntegerField(default=600)
+    routing = models.CharField(
+        max_length=20,
+        choices=[(name, name) for name in policies.POLICIES],
+        default=policies.DEFAULT_POLICY,
+        help_text="how the gateway picks a replica (docs/caching.md)",
+    )
+    affinity_load_factor = models.FloatField(
+        default=policies.DEFAULT_LOAD_FACTOR,
+        validators=[MinValueValidator(1.0), MaxValueValidator(10.0)],
+        help_text="c of consistent hashing with bounded loads: a replica takes requests while load < ceil(c * mean)",
+    )
     dram_tier_bytes = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
     disk_tier_path = models.CharField(max_length=500, blank=True)
     disk_tier_bytes = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])

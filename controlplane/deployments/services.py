@@ -9,6 +9,7 @@ to start or stop processes (`send_start` / `send_stop`). Agents report back with
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 
 from django.conf import settings
@@ -104,12 +105,11 @@ CACHE_POLICY_NOT_BUILT = (
     ("disk_tier_bytes", 0, "a disk KV tier is not built yet; leave disk_tier_bytes at 0"),
     ("disk_tier_path", "", "a disk KV tier is not built yet; leave disk_tier_path empty"),
     ("min_cached_prefix_tokens", 0, "min_cached_prefix_tokens is not built yet; leave it at 0"),
-    (
-        "session_affinity_header",
-        "x-session-affinity",
-        "only the x-session-affinity header is read by the gateway; another name is not built yet",
-    ),
 )
+
+
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")  # RFC 9110 token
+RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "cookie"})
 
 
 def _refuse_unbuilt(values: dict, table) -> None:
@@ -499,8 +499,15 @@ def reconcile_all() -> dict[str, dict]:
 # -- cache policies -----------------------------------------------------------------------------
 def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) -> CachePolicy:
     values = {name: getattr(policy, name) for name, _, _ in CACHE_POLICY_NOT_BUILT}
-    values["session_affinity_header"] = policy.session_affinity_header.lower()  # header names ignore case
     _refuse_unbuilt(values, CACHE_POLICY_NOT_BUILT)
+    header = policy.session_affinity_header.strip().lower()  # header names ignore case
+    if not HEADER_NAME.fullmatch(header) or header in RESERVED_HEADERS:
+        raise DomainError(
+            "session_affinity_header must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"
+            f" other than {', '.join(sorted(RESERVED_HEADERS))}",
+            "session_affinity_header",
+        )
+    policy.session_affinity_header = header
     policy.save()
     record_event("cache_policy.created" if created else "cache_policy.updated", policy, actor=actor)
     return policy

@@ -5,8 +5,9 @@ A replica's heartbeat reports its load every 0.5 s, so a burst that arrives with
 heartbeat sees every replica idle and, routed on the heartbeat alone, lands on one of them. The
 router therefore picks on `max(reported, dispatched)`: each is a lower bound of what the replica
 has to do (the report lags; the count misses work that did not come through a gateway), and
-the pick and the increment happen in one Lua script, so concurrent pickers in any number of
-web processes see each other's choices.
+the pick, the increment and a session's (re)binding happen in one Lua script (the rule is
+`routing.pick`), so concurrent pickers in any number of web processes see each other's choices
+and concurrent first requests of one session agree on its replica.
 
 Per replica, a sorted set `switchyard:replica:<id>:dispatched` holds request ids scored by when
 the entry expires (Redis' clock, so web processes' clocks need not agree). The web process that
@@ -19,31 +20,63 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+
+from controlplane.gateway import routing
+from controlplane.gateway.routing import Plan
 
 log = logging.getLogger(__name__)
 TTL_SECONDS = 30
 REFRESH_SECONDS = 10
 
-# KEYS: the candidates' sets. ARGV: request id, ttl, then per candidate its reported load and
-# free KV blocks. Drops expired entries, picks the lowest max(reported, dispatched) (ties: most
-# free KV blocks, then the first candidate), adds the request to it. Returns the index (0-based)
-# and the cost.
+# The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
+# candidates' sets, then the session's affinity key if ARGV[5] is 1. ARGV: request id, ttl, load
+# weight, load factor (0: no bound), has affinity, affinity ttl, the minimum cap, then per
+# candidate its replica id, reported load, free KV blocks and base cost. Drops expired entries; a bound session's
+# replica wins while under the load cap, else the lowest base + weight * load among those under
+# it (ties: most free KV blocks, then the first); adds the request to it and (re)binds the
+# session. Returns {index (0-based), 1 if the binding was kept, the candidates' loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
-local best, best_cost, best_free
-for i, key in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local cost = math.max(tonumber(ARGV[1 + 2 * i]), redis.call('ZCARD', key))
-  local free = tonumber(ARGV[2 + 2 * i])
-  if best == nil or cost < best_cost or (cost == best_cost and free > best_free) then
-    best, best_cost, best_free = i, cost, free
+local has_affinity = ARGV[5] == '1'
+local n = #KEYS
+if has_affinity then n = n - 1 end
+local loads, total = {}, 0
+for i = 1, n do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  loads[i] = math.max(tonumber(ARGV[5 + 4 * i]), redis.call('ZCARD', KEYS[i]))
+  total = total + loads[i]
+end
+local factor = tonumber(ARGV[4])
+local cap = math.huge
+if factor > 0 then cap = math.max(math.ceil(factor * (total + 1) / n), tonumber(ARGV[7])) end
+local best, kept = nil, 0
+if has_affinity then
+  local bound = redis.call('GET', KEYS[n + 1])
+  for i = 1, n do
+    if bound == ARGV[4 + 4 * i] and loads[i] < cap then best, kept = i, 1 end
+  end
+end
+if best == nil then
+  local weight, best_cost, best_free = tonumber(ARGV[3]), nil, nil
+  for i = 1, n do
+    if loads[i] < cap then
+      local cost = tonumber(ARGV[7 + 4 * i]) + weight * loads[i]
+      local free = tonumber(ARGV[6 + 4 * i])
+      if best == nil or cost < best_cost or (cost == best_cost and free > best_free) then
+        best, best_cost, best_free = i, cost, free
+      end
+    end
   end
 end
 redis.call('ZADD', KEYS[best], now + tonumber(ARGV[2]), ARGV[1])
-return {best - 1, best_cost}
+if has_affinity then redis.call('SET', KEYS[n + 1], ARGV[4 + 4 * best], 'EX', ARGV[6]) end
+local out = {best - 1, kept}
+for i = 1, n do out[i + 2] = loads[i] end
+return out
 """
 
 # KEYS[1]: one replica's set. ARGV: ttl, then request ids still open: their expiry moves on
@@ -56,6 +89,13 @@ for i = 2, #ARGV do
 end
 return #ARGV - 1
 """
+
+
+@dataclass
+class Pick:
+    replica_id: int
+    loads: list[int]  # each candidate's load as the pick saw it (before this request)
+    kept_binding: bool  # the session's bound replica was chosen
 
 
 def dispatched_key(replica_id: int) -> str:
@@ -72,15 +112,20 @@ class Dispatched:
         self._pick = client.register_script(_PICK)
         self._refresh = client.register_script(_REFRESH)
 
-    async def pick(self, request_id: str, candidates: list[tuple[int, int, int]]) -> tuple[int, int]:
-        """Choose among (replica id, reported load, free KV blocks) and count the request
-        against the one chosen; returns (replica id, its cost before this request)."""
-        keys = [dispatched_key(rid) for rid, _, _ in candidates]
-        args = [request_id, self.ttl, *(v for _, load, free in candidates for v in (load, free))]
-        index, cost = await self._pick(keys=keys, args=args)
-        rid = candidates[int(index)][0]
-        self.open[request_id] = rid
-        return rid, int(cost)
+    async def pick(self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0) -> Pick:
+        """Choose by `plan` (routing.py's rule, in one atomic step) and count the request against
+        the replica chosen; with `affinity_key`, honour and (re)bind the plan's session."""
+        keys = [dispatched_key(c.replica_id) for c in plan.candidates]
+        if affinity_key is not None:
+            keys.append(affinity_key)
+        args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
+                routing.MIN_LOAD_CAP]  # fmt: skip
+        for c, base in zip(plan.candidates, plan.base, strict=True):
+            args += [c.replica_id, c.reported_load, c.free_blocks, base]
+        index, kept, *loads = await self._pick(keys=keys, args=args)
+        chosen = plan.candidates[int(index)]
+        self.open[request_id] = chosen.replica_id
+        return Pick(chosen.replica_id, [int(x) for x in loads], bool(kept))
 
     async def done(self, request_id: str) -> None:
         """The request ended (any way): it no longer counts. Safe to call more than once."""

@@ -22,7 +22,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import failover, ratelimit, router
+from controlplane.gateway import failover, quality, ratelimit, router, selectors
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai_request import GenerationRequest, OpenAIError
@@ -96,10 +96,10 @@ resolve_deployment = sync_to_async(_resolve)
 def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, dict[str, list[int]]]:
     """One trip to the database thread per request: each costs a thread hop."""
     deployment = _resolve(name, caller)
-    return deployment, router.candidate_ids(deployment.pk)
+    return deployment, selectors.candidate_ids(deployment.pk)
 
 
-_candidate_ids = sync_to_async(router.candidate_ids)
+_candidate_ids = sync_to_async(selectors.candidate_ids)
 
 
 @dataclass
@@ -148,6 +148,7 @@ class Generation:
                     await ratelimit.count_tokens(
                         self.stream.hub.redis, self.caller.key, usage["prompt_tokens"] + usage["completion_tokens"]
                     )
+                    await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
                 if self.progress is not None:
                     self.progress.observe(event)
                 yield event
@@ -232,9 +233,12 @@ async def _place(
     for _ in range(ATTEMPTS):
         request_id = new_id()
         try:
-            route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried))
+            route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried),
+                                        message.prompt_token_ids)  # fmt: skip
             sent = replace(message, prefill_replica=route.prefill_replica_id)
             stream = await hub.submit(route.replica_id, request_id, sent, route.incarnation)
+        except router.NoReadyReplica as exc:
+            raise _no_ready_replica(exc) from None
         except BaseException:  # not sent (choose counts it before its last Redis calls): it must not count
             await hub.dispatched.done(request_id)
             raise
@@ -254,6 +258,19 @@ async def _place(
         return route, None, first
     raise OpenAIError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
                       headers={"Retry-After": "2"})  # fmt: skip
+
+
+def _no_ready_replica(exc: router.NoReadyReplica) -> OpenAIError:
+    slug = exc.deployment.slug
+    if exc.failed:  # gave up: waiting will not help
+        return OpenAIError(
+            503,
+            f"Deployment '{slug}' has failed: {exc.deployment.failed_reason}. It is not retrying; an operator"
+            f" must restart it (POST /api/v1/deployments/{slug}/restart/).",
+            code="deployment_failed",
+        )
+    return OpenAIError(503, f"Deployment '{slug}' has no ready replica right now; try again shortly.",
+                       code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
 
 
 async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:

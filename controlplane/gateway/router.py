@@ -1,12 +1,15 @@
-"""Which replica serves a request, and why.
+"""Which replica serves a request, and why: the facts for `routing.py`'s policies, gathered.
 
-For now: the least-loaded ready replica of the deployment. Its load is the larger of what its
-heartbeat reports (running + waiting requests and handoffs) and the requests the gateway has
-sent it and not yet seen end (`dispatched.py`: counted in Redis across web processes, and
-counted in the same step as the choice, so a burst spreads); ties go to the most free KV
-blocks, then the lowest id. The `x-session-affinity` key is recorded in the session-affinity
-table (Redis) with the replica chosen, so that the caching work can route by it. The reason is
-returned to the client in `x-switchyard-route-reason`.
+For one request the router reads, in a few Redis round trips: the ready replicas' heartbeats
+(stale ones are skipped), the session key's binding, the blocks of the prompt each replica holds
+(`workers.protocol.kv_blocks`, when the policy is KV-aware and the gateway has the prompt's
+token ids), and the round-robin turn. `routing.plan` turns them into a plan; the pick itself,
+the count of the request against the replica and the session's (re)binding are one atomic step
+in Redis (`dispatched.py`). The choice is explained in `x-switchyard-route-reason` and the
+prefix the replica should find cached in `x-switchyard-cached-tokens-predicted`; the routing
+quality counters (`quality.py`) add it up per deployment.
+
+It raises `NoReadyReplica` rather than an HTTP error; the generation turns it into one.
 """
 
 from __future__ import annotations
@@ -14,13 +17,24 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import CachePolicy, Deployment
+from controlplane.gateway import quality, routing
 from controlplane.gateway.hub import ReplicaHub
-from controlplane.gateway.openai_request import OpenAIError
+from workers.protocol import kv_blocks
 from workers.protocol.replica import ReplicaStatus
 
 STALE_RETRIES = 5
 STALE_RETRY_SECONDS = 0.2
+
+
+class NoReadyReplica(Exception):
+    """No ready replica with a fresh heartbeat; `failed`: the deployment gave up (its failure
+    budget is spent), so waiting will not help."""
+
+    def __init__(self, deployment: Deployment):
+        self.deployment = deployment
+        self.failed = deployment.failed_at is not None
+        super().__init__(f"no ready replica of {deployment.slug}")
 
 
 @dataclass
@@ -29,34 +43,34 @@ class Route:
     reason: str
     incarnation: str | None
     prefill_replica_id: int | None = None  # disaggregated: who computes the prompt
+    predicted_cached_tokens: int | None = None  # None: the gateway could not tell (no token ids)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A deployment's routing settings, from its cache policy (defaults without one)."""
+
+    policy: str = routing.DEFAULT_POLICY
+    load_factor: float = routing.DEFAULT_LOAD_FACTOR
+    session_ttl: int = 600
+    block_size: int = 16
+    prefix_caching: bool = True
+
+    @classmethod
+    def of(cls, deployment: Deployment) -> Settings:
+        policy: CachePolicy | None = deployment.cache_policy
+        if policy is None:
+            return cls()
+        return cls(policy.routing, policy.affinity_load_factor, policy.session_affinity_ttl_seconds,
+                   policy.block_size, policy.prefix_caching)  # fmt: skip
 
 
 def affinity_key(deployment: str, session: str) -> str:
     return f"switchyard:affinity:{deployment}:{session}"
 
 
-def candidate_ids(deployment_id: int) -> dict[str, list[int]]:
-    """Ready replicas by what they do: "decode" (colocated or decode role) and "prefill".
-    The caller is synchronous."""
-    out: dict[str, list[int]] = {"decode": [], "prefill": []}
-    rows = Replica.objects.filter(deployment_id=deployment_id, state=Replica.State.READY).order_by("id")
-    for rid, role in rows.values_list("id", "role"):
-        out["prefill" if role == Replica.Role.PREFILL else "decode"].append(rid)
-    return out
-
-
-def _decode_load(status: ReplicaStatus) -> tuple[int, int]:
-    """Decode side, as the heartbeat reports it: requests in flight (handoffs included), free KV
-    blocks."""
-    load = status.load
-    queued = int(load.get("running", 0)) + int(load.get("waiting", 0)) + int(load.get("handoffs_waiting", 0))
-    return queued, int(load.get("kv_blocks_free", 0))
-
-
-def _prefill_score(status: ReplicaStatus) -> tuple:
-    """Prefill side: prompt tokens it is still computing, then requests waiting."""
-    load = status.load
-    return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
+def round_robin_key(deployment: str) -> str:
+    return f"switchyard:routing:{deployment}:turn"
 
 
 Live = list[tuple[int, ReplicaStatus]]
@@ -74,6 +88,35 @@ async def _live(hub: ReplicaHub, decode: list[int], prefill: list[int]) -> tuple
     return ready(pairs[: len(decode)]), ready(pairs[len(decode) :])
 
 
+def _decode_load(status: ReplicaStatus) -> tuple[int, int]:
+    """Decode side, as the heartbeat reports it: requests in flight (handoffs included), free KV
+    blocks."""
+    load = status.load
+    queued = int(load.get("running", 0)) + int(load.get("waiting", 0)) + int(load.get("handoffs_waiting", 0))
+    return queued, int(load.get("kv_blocks_free", 0))
+
+
+def _prefill_score(status: ReplicaStatus) -> tuple:
+    """Prefill side: prompt tokens it is still computing, then requests waiting."""
+    load = status.load
+    return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
+
+
+async def _facts(hub: ReplicaHub, cfg: Settings, slug: str, ids: list[int], session: str | None,
+                 hashes: list[int]) -> tuple[int | None, dict[int, int], int]:  # fmt: skip
+    """The session's binding, the leading prompt blocks each replica holds and the round-robin
+    turn, each read only when the policy uses it."""
+    bound = cached = turn = None
+    if session is not None and cfg.policy in (routing.SESSION, routing.SESSION_KV_AWARE):
+        bound = await hub.redis.get(affinity_key(slug, session))
+    if hashes and cfg.policy in (routing.KV_AWARE, routing.SESSION_KV_AWARE):
+        cached = await kv_blocks.cached_blocks(hub.redis, ids, hashes)
+    if cfg.policy == routing.ROUND_ROBIN:
+        turn = await hub.redis.incr(round_robin_key(slug))
+    bound_to = int(bound) if bound is not None and str(bound).isdigit() else None
+    return bound_to, cached or {}, int(turn or 0)
+
+
 async def choose(
     hub: ReplicaHub,
     deployment: Deployment,
@@ -81,9 +124,10 @@ async def choose(
     request_id: str,
     session: str | None = None,
     exclude: frozenset[int] = frozenset(),
+    prompt_ids: list[int] | None = None,
 ) -> Route:
     """The replica for `request_id`, which counts against it from now until the request's
-    stream is closed."""
+    stream is closed. Raises NoReadyReplica."""
     ids = [i for i in candidates["decode"] if i not in exclude]
     disaggregated = deployment.mode == Deployment.Mode.DISAGGREGATED
     prefill_ids = candidates["prefill"] if disaggregated else []
@@ -95,28 +139,31 @@ async def choose(
         # late by a moment; look again briefly before refusing the request.
         await asyncio.sleep(STALE_RETRY_SECONDS)
         live, prefills = await _live(hub, ids, prefill_ids)
-    if not live and deployment.failed_at is not None:  # gave up: waiting will not help
-        raise OpenAIError(
-            503,
-            f"Deployment '{deployment.slug}' has failed: {deployment.failed_reason}. It is not retrying;"
-            f" an operator must restart it (POST /api/v1/deployments/{deployment.slug}/restart/).",
-            code="deployment_failed",
-        )
     if not live:
-        raise OpenAIError(
-            503,
-            f"Deployment '{deployment.slug}' has no ready replica right now; try again shortly.",
-            code="no_ready_replica",
-            headers={"Retry-After": "2"},
-        )
-    rid, _ = await hub.dispatched.pick(request_id, [(i, *_decode_load(st)) for i, st in live])
-    status = dict(live)[rid]
-    reason = "least_loaded" if len(live) > 1 else "only_ready_replica"
-    if session:
-        ttl = deployment.cache_policy.session_affinity_ttl_seconds if deployment.cache_policy else 600
-        await hub.redis.set(affinity_key(deployment.slug, session), rid, ex=max(ttl, 1))
-        reason += ";session_recorded"
-    route = Route(rid, reason, status.incarnation or None)
+        raise NoReadyReplica(deployment)
+
+    cfg = Settings.of(deployment)
+    block_size = next((st.kv_block_size for _, st in live if st.kv_block_size), cfg.block_size)
+    hashes = kv_blocks.prefix_hashes(prompt_ids, block_size) if prompt_ids and cfg.prefix_caching else []
+    live_ids = [rid for rid, _ in live]
+    bound_to, cached, turn = await _facts(hub, cfg, deployment.slug, live_ids, session, hashes)
+    views = [routing.Candidate(rid, *_decode_load(st), cached.get(rid, 0)) for rid, st in live]
+    plan = routing.plan(cfg.policy, views, session=session, bound_to=bound_to, prompt_blocks=len(hashes),
+                        turn=turn, load_factor=cfg.load_factor)  # fmt: skip
+    key = affinity_key(deployment.slug, session) if plan.session is not None else None
+    picked = await hub.dispatched.pick(request_id, plan, key, cfg.session_ttl)
+
+    reason = plan.reason if len(live) > 1 else "only_ready_replica"
+    if picked.kept_binding:
+        reason = "session_bound"
+    elif plan.session is not None and bound_to is not None:
+        reason += ";session_moved"  # its replica left or is over the load bound
+    predicted = None
+    if prompt_ids:
+        predicted = cached.get(picked.replica_id, 0) * block_size
+        await quality.record(hub.redis, deployment.slug, plan, picked, cached, len(prompt_ids), block_size)
+    route = Route(picked.replica_id, reason, dict(live)[picked.replica_id].incarnation or None,
+                  predicted_cached_tokens=predicted)  # fmt: skip
     if disaggregated:
         if prefills:
             route.prefill_replica_id = min(prefills, key=lambda pair: (_prefill_score(pair[1]), pair[0]))[0]

@@ -51,7 +51,6 @@ def test_deployment_defaults_spelled_out_are_accepted(staff_client, model):
         ("disk_tier_bytes", 1 << 30, "disk KV tier is not built yet"),
         ("disk_tier_path", "/var/cache/kv", "disk KV tier is not built yet"),
         ("min_cached_prefix_tokens", 32, "min_cached_prefix_tokens is not built yet"),
-        ("session_affinity_header", "x-conversation", "another name is not built yet"),
     ],
 )
 def test_cache_policy_settings_not_built_are_refused_naming_the_field(staff_client, field, value, says):
@@ -64,6 +63,27 @@ def test_cache_policy_settings_not_built_are_refused_naming_the_field(staff_clie
     patched = staff_client.patch(f"/api/v1/cache-policies/{created['id']}/", {field: value}, format="json")
     assert patched.status_code == 400 and says in patched.json()[field][0]
     assert getattr(CachePolicy.objects.get(), field) != value
+
+
+@pytest.mark.parametrize("value", ["x session", "x-sess:ion", "Authorization", "Cookie", ""])
+def test_a_session_affinity_header_that_is_no_header_name_or_a_reserved_one_is_refused(staff_client, value):
+    response = staff_client.post("/api/v1/cache-policies/", {"name": "p", "session_affinity_header": value},
+                                 format="json")  # fmt: skip
+    assert response.status_code == 400 and "session_affinity_header" in response.json()
+    assert not CachePolicy.objects.exists()
+
+
+def test_routing_settings_are_stored_and_bad_ones_refused(staff_client):
+    body = {"name": "p", "session_affinity_header": "X-Conversation", "routing": "kv_aware",
+            "affinity_load_factor": 1.5}  # fmt: skip
+    response = staff_client.post("/api/v1/cache-policies/", body, format="json")
+    assert response.status_code == 201, response.json()
+    policy = CachePolicy.objects.get()
+    assert (policy.session_affinity_header, policy.routing, policy.affinity_load_factor) == (
+        "x-conversation", "kv_aware", 1.5)  # fmt: skip
+    for field, value in [("routing", "fastest"), ("affinity_load_factor", 0.5), ("affinity_load_factor", "NaN")]:
+        patched = staff_client.patch(f"/api/v1/cache-policies/{policy.pk}/", {field: value}, format="json")
+        assert patched.status_code == 400 and field in patched.json(), (field, value, patched.json())
 
 
 def test_cache_policy_built_settings_are_accepted(staff_client):

@@ -3,6 +3,8 @@
 dies cannot leave its requests counted for more than the expiry."""
 
 import asyncio
+import math
+import random
 from collections import Counter
 from types import SimpleNamespace
 
@@ -12,7 +14,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from controlplane.gateway import generation, router
+from controlplane.gateway import generation, router, routing
 from controlplane.gateway.dispatched import Dispatched, dispatched_key
 from workers.protocol.replica import GenerateMessage
 
@@ -32,9 +34,16 @@ async def client():
 IDLE = [(A, 0, 100), (B, 0, 100)]
 
 
+async def pick(web: Dispatched, request_id: str, candidates) -> tuple[int, int]:
+    """Least loaded among (replica id, reported load, free KV blocks): (chosen, its load before)."""
+    plan = routing.plan(routing.LEAST_LOADED, [routing.Candidate(*c) for c in candidates])
+    chosen = await web.pick(request_id, plan)
+    return chosen.replica_id, chosen.loads[[c[0] for c in candidates].index(chosen.replica_id)]
+
+
 async def test_concurrent_pickers_in_two_web_processes_spread_a_burst(client):
     web1, web2 = Dispatched(client), Dispatched(aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True))
-    picks = await asyncio.gather(*(web.pick(f"r{i}", IDLE) for i, web in enumerate([web1, web2] * 4)))
+    picks = await asyncio.gather(*(pick(web, f"r{i}", IDLE) for i, web in enumerate([web1, web2] * 4)))
     assert Counter(rid for rid, _ in picks) == {A: 4, B: 4}
     assert await client.zcard(dispatched_key(A)) == await client.zcard(dispatched_key(B)) == 4
     await web2.redis.aclose()
@@ -43,33 +52,33 @@ async def test_concurrent_pickers_in_two_web_processes_spread_a_burst(client):
 async def test_the_cost_is_the_larger_of_reported_and_dispatched_then_free_kv_blocks(client):
     web = Dispatched(client)
     busy = [(A, 3, 100), (B, 0, 100)]  # A reports 3 requests this gateway did not send
-    assert [(await web.pick(f"r{i}", busy))[0] for i in range(3)] == [B, B, B]
-    assert (await web.pick("r3", busy)) == (A, 3)  # 3 against 3: a tie, the first candidate
+    assert [(await pick(web, f"r{i}", busy))[0] for i in range(3)] == [B, B, B]
+    assert (await pick(web, "r3", busy)) == (A, 3)  # 3 against 3: a tie, the first candidate
     report = [(A, 0, 10), (B, 0, 50)]  # a heartbeat that has not seen any of them yet
-    assert [(await web.pick(f"r{i}", report))[0] for i in (4, 5)] == [A, A]  # A: 1, 2 against B: 3
-    assert (await web.pick("r6", report)) == (B, 3)  # 3 against 3: B has more free KV blocks
-    assert (await web.pick("r7", [(A, 9, 10), (B, 0, 50)])) == (B, 4)
+    assert [(await pick(web, f"r{i}", report))[0] for i in (4, 5)] == [A, A]  # A: 1, 2 against B: 3
+    assert (await pick(web, "r6", report)) == (B, 3)  # 3 against 3: B has more free KV blocks
+    assert (await pick(web, "r7", [(A, 9, 10), (B, 0, 50)])) == (B, 4)
 
 
 async def test_an_ended_request_stops_counting(client):
     web = Dispatched(client)
-    rid, _ = await web.pick("r1", IDLE)
+    rid, _ = await pick(web, "r1", IDLE)
     assert await client.zcard(dispatched_key(rid)) == 1
     await web.done("r1")
     await web.done("r1")  # twice: harmless
     assert await client.zcard(dispatched_key(rid)) == 0 and web.open == {}
-    assert (await web.pick("r2", IDLE)) == (A, 0)
+    assert (await pick(web, "r2", IDLE)) == (A, 0)
 
 
 async def test_a_dead_web_process_leaves_nothing_counted_past_the_expiry(client):
     dead = Dispatched(client, ttl=0)  # its entries expire at once, as they would TTL later
     for i in range(3):
-        assert (await dead.pick(f"r{i}", IDLE)) == (A, 0)  # an expired entry no longer counts
+        assert (await pick(dead, f"r{i}", IDLE)) == (A, 0)  # an expired entry no longer counts
     alive = Dispatched(client, ttl=0)
-    await alive.pick("kept", IDLE)
+    await pick(alive, "kept", IDLE)
     alive.ttl = 30
     await alive.refresh()  # a live process pushes its open requests' expiry forward
-    assert (await alive.pick("next", IDLE))[0] == B
+    assert (await pick(alive, "next", IDLE))[0] == B
     await alive.done("kept")
     await alive.refresh()  # and does not bring back one that ended
     assert await client.zscore(dispatched_key(A), "kept") is None
@@ -81,7 +90,7 @@ async def test_a_request_that_fails_between_its_pick_and_its_sending_stops_count
     web = Dispatched(client)
 
     async def choose(hub, deployment, candidates, request_id, *args):
-        await hub.dispatched.pick(request_id, IDLE)
+        await pick(hub.dispatched, request_id, IDLE)
         raise RedisConnectionError("gone after the pick")
 
     monkeypatch.setattr(router, "choose", choose)
@@ -89,3 +98,91 @@ async def test_a_request_that_fails_between_its_pick_and_its_sending_stops_count
         await generation._place(SimpleNamespace(dispatched=web), SimpleNamespace(slug="d"),
                                 {"decode": [A, B], "prefill": []}, GenerateMessage(), lambda: "r1")  # fmt: skip
     assert web.open == {} and await client.zcard(dispatched_key(A)) == 0
+
+
+# -- the routing rule in Lua, against its Python reference, and sessions bound in Redis ----------
+RIDS = [990011, 990012, 990013, 990014]
+
+
+@pytest_asyncio.fixture
+async def sessions(client):
+    keys = [dispatched_key(r) for r in RIDS]
+    await client.delete(*keys)
+    yield client
+    await client.delete(*keys)
+    async for key in client.scan_iter("switchyard:affinity:test-dispatched:*"):
+        await client.delete(key)
+
+
+async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
+    rng = random.Random(3)
+    web = Dispatched(sessions)
+    for trial in range(150):
+        n = rng.randrange(1, 5)
+        cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
+                 for i in range(n)]  # fmt: skip
+        dispatched = [rng.randrange(0, 12) for _ in range(n)]
+        for c, count in zip(cands, dispatched, strict=True):
+            await sessions.delete(dispatched_key(c.replica_id))
+            if count:
+                await sessions.zadd(dispatched_key(c.replica_id), {f"x{j}": 1e12 for j in range(count)})
+        policy = rng.choice(routing.POLICIES)
+        session = rng.choice([None, f"s{trial}"])
+        bound = rng.choice([None, *(c.replica_id for c in cands)])
+        plan = routing.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 40),
+                            turn=rng.randrange(0, 7), load_factor=rng.choice([1.0, 1.25, 2.0]))  # fmt: skip
+        key = None
+        if plan.session is not None:
+            key = f"switchyard:affinity:test-dispatched:{trial}"
+            if bound is not None:
+                await sessions.set(key, bound)
+        counts = dict(zip((c.replica_id for c in cands), dispatched, strict=True))
+        dispatched = [counts[c.replica_id] for c in plan.candidates]  # in the plan's order (a ring's)
+        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound)].replica_id
+        chosen = await web.pick(f"t{trial}", plan, key, 60)
+        assert chosen.replica_id == expected, (plan, dispatched, bound)
+        assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
+        if key is not None:
+            assert int(await sessions.get(key)) == chosen.replica_id  # bound (or rebound) to the pick
+        await web.done(f"t{trial}")
+
+
+def session_plan(key: str, ids=RIDS) -> routing.Plan:
+    return routing.plan(routing.SESSION, [routing.Candidate(r, 0, 100) for r in ids], session=key)
+
+
+async def test_concurrent_first_requests_of_one_session_in_two_web_processes_agree(sessions):
+    """Four at once (MIN_LOAD_CAP: below it no replica is over the bound; a bigger burst of one
+    key spills to the next replica, as bounded loads mean it to)."""
+    other = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    web1, web2 = Dispatched(sessions), Dispatched(other)
+    for s in range(20):
+        key = f"switchyard:affinity:test-dispatched:fork{s}"
+        # differing plans (as each process saw different loads): the binding still decides
+        plans = [session_plan(f"fork{s}"), routing.plan(
+            routing.SESSION_KV_AWARE, [routing.Candidate(r, 0, 100, 30 * (r == RIDS[s % 4])) for r in RIDS],
+            session=f"fork{s}", prompt_blocks=30)]  # fmt: skip
+        picks = await asyncio.gather(*(web.pick(f"f{s}-{i}", plans[i % 2], key, 60)
+                                       for i, web in enumerate([web1, web2] * 2)))  # fmt: skip
+        assert len({p.replica_id for p in picks}) == 1, picks
+        for i, web in enumerate([web1, web2] * 2):
+            await web.done(f"f{s}-{i}")
+    await other.aclose()
+
+
+async def test_1000_sessions_share_four_replicas_within_the_bound_and_a_removed_replica_moves_only_its_own(sessions):
+    web = Dispatched(sessions)
+    bound: dict[str, int] = {}
+    for s in range(1000):  # sessions that stay open: each one's request keeps counting
+        key = f"switchyard:affinity:test-dispatched:u{s}"
+        bound[key] = (await web.pick(f"u{s}", session_plan(f"u{s}"), key, 60)).replica_id
+    shares = Counter(bound.values())
+    assert sum(shares.values()) == 1000 and max(shares.values()) <= math.ceil(1.25 * 1000 / 4)
+    for s in range(1000):
+        await web.done(f"u{s}")
+    gone = RIDS[2]
+    for s in range(1000):  # the same sessions' next turns, one replica fewer
+        key = f"switchyard:affinity:test-dispatched:u{s}"
+        now = (await web.pick(f"v{s}", session_plan(f"u{s}", [r for r in RIDS if r != gone]), key, 60)).replica_id
+        await web.done(f"v{s}")
+        assert now == bound[key] if bound[key] != gone else now != gone

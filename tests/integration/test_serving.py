@@ -154,15 +154,19 @@ def test_metric_history_points_follow_the_traffic(client, stack, staff_client):
     assert staff_client.get("/api/v1/telemetry/history/?deployment=nope").status_code == 404
 
 
-def test_session_affinity_header_is_recorded(client, stack):
+def test_a_session_is_bound_to_its_replica_and_its_next_turn_follows_the_binding(client, stack):
     from controlplane.gateway.router import affinity_key
 
-    response = client.chat.completions.with_raw_response.create(
+    first = client.chat.completions.with_raw_response.create(
         model="demo", messages=QUESTION, max_tokens=2, extra_headers={"x-session-affinity": "conv-42"}
     )
-    assert response.headers["x-switchyard-route-reason"].endswith(";session_recorded")
     stored = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True).get(affinity_key("demo", "conv-42"))
-    assert stored == response.headers["x-switchyard-replica"]
+    assert stored == first.headers["x-switchyard-replica"]
+    again = client.chat.completions.with_raw_response.create(
+        model="demo", messages=QUESTION, max_tokens=2, extra_headers={"x-session-affinity": "conv-42"}
+    )
+    assert again.headers["x-switchyard-route-reason"] == "session_bound"
+    assert again.headers["x-switchyard-replica"] == stored
 
 
 def test_chat_completion_matches_the_engine_token_for_token(client, llm):

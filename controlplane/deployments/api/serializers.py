@@ -14,6 +14,8 @@ class CachePolicySerializer(serializers.ModelSerializer):
             "block_size",
             "session_affinity_header",
             "session_affinity_ttl_seconds",
+            "routing",
+            "affinity_load_factor",
             "dram_tier_bytes",
             "disk_tier_path",
             "disk_tier_bytes",
