@@ -22,7 +22,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from redis.exceptions import RedisError
 
 from controlplane.gateway import generation
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_json
+from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_json, session_key
 from controlplane.gateway.openai_views import ChatShaper, finish_reason
 from controlplane.gateway.tool_calls import ToolCall
 
@@ -90,12 +90,11 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
         try:
             body = {k: v for k, v in content.items() if k not in ("id", "type", "stream", "session")}
             req = parse_chat(body)
-            session = content.get("session")
-            if session is not None and not isinstance(session, str):
-                raise OpenAIError(400, "'session' must be a string.", "session", "invalid_type")
-            gen = await generation.start(req, self.caller, session)
+            session = session_key(content.get("session"), "session")  # as prompt_cache_key
+            gen = await generation.start(req, self.caller, session=session)
             await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,
-                                  "replica": gen.route.replica_id, "route_reason": gen.route.reason})  # fmt: skip
+                                  "replica": gen.route.replica_id, "route_reason": gen.route.reason,
+                                  "cached_tokens_predicted": gen.route.predicted_cached_tokens})  # fmt: skip
             shaper = ChatShaper(req)
             async for event in gen.events():
                 for piece in shaper.pieces(event):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from asgiref.sync import sync_to_async
@@ -25,11 +25,12 @@ from controlplane.deployments.models import Deployment
 from controlplane.gateway import failover, quality, ratelimit, router, selectors
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.openai_request import GenerationRequest, OpenAIError
+from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, session_key
 from controlplane.gateway.services import authenticate
 from workers.protocol.replica import AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
 
 ATTEMPTS = 3
+DEFAULT_SESSION_HEADER = "x-session-affinity"  # without a cache policy
 
 
 @dataclass
@@ -273,9 +274,26 @@ def _no_ready_replica(exc: router.NoReadyReplica) -> OpenAIError:
                        code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
 
 
-async def start(req: GenerationRequest, caller: Caller, session: str | None = None) -> Generation:
+def session_of(deployment: Deployment, req: GenerationRequest, headers: Mapping[str, str] | None,
+               session: str | None) -> str | None:  # fmt: skip
+    """The request's session key: `prompt_cache_key` in the body, the websocket's `session`, or
+    the header the deployment's cache policy names (default `x-session-affinity`)."""
+    if req.prompt_cache_key is not None:
+        return req.prompt_cache_key
+    if session is not None:
+        return session
+    policy = deployment.cache_policy
+    header = policy.session_affinity_header if policy is not None else DEFAULT_SESSION_HEADER
+    return session_key((headers or {}).get(header) or None, header)
+
+
+async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, str] | None = None,
+                session: str | None = None) -> Generation:  # fmt: skip
+    """Admit `req`: `headers` are the HTTP request's (the session header is read from them),
+    `session` a websocket request's session key."""
     hub = get_hub()
     deployment, candidates = await _deployment_and_replicas(req.model, caller)
+    session = session_of(deployment, req, headers, session)
     await ratelimit.check(hub.redis, caller.key)
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()

@@ -62,6 +62,8 @@ class GenerationRequest:
     params: WireSamplingParams = field(default_factory=WireSamplingParams)
     logprobs: bool = False
     timing: bool = False  # `x-switchyard-timing: 1`: stream chunks carry when the replica produced them
+    # OpenAI's `prompt_cache_key`: the same session key as the cache policy's affinity header
+    prompt_cache_key: str | None = None
 
     def replica_message(self) -> GenerateMessage:
         """What the replica is sent; the hub fills in `id` and `reply_to` when it sends it."""
@@ -140,7 +142,7 @@ def _integer(body, name, default=None, lo=None, hi=None):
 PARAMS = {
     "model", "stream", "stream_options", "stop", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "min_p", "repetition_penalty",
-    "ignore_eos", "user", "metadata", "safety_identifier",
+    "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key",
 }  # fmt: skip
 KIND_PARAMS = {"chat": {"messages", "tools", "tool_choice", "top_logprobs"}, "completion": {"prompt"}}
 # OpenAI parameters this server does not implement: a 400 naming them, unless they hold a value
@@ -165,7 +167,6 @@ UNSUPPORTED = {
     "reasoning_effort": ((), "'reasoning_effort' is not supported yet: no reasoning model is served."),
     "verbosity": ((), "'verbosity' is not supported yet."),
     "store": ((False,), "'store': true is not supported yet: completions are not stored."),
-    "prompt_cache_key": ((), "'prompt_cache_key' is not supported yet; send an x-session-affinity header."),
 }  # fmt: skip
 
 
@@ -224,7 +225,22 @@ def _common(body: dict, kind: str) -> GenerationRequest:
         stream=stream,
         include_usage=bool(stream and include_usage),
         params=params,
+        prompt_cache_key=session_key(body.get("prompt_cache_key"), "prompt_cache_key"),
     )
+
+
+MAX_SESSION_KEY = 256
+
+
+def session_key(value, param: str) -> str | None:
+    """A session key (body field or header): a non-empty string of at most MAX_SESSION_KEY
+    characters, or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_SESSION_KEY:
+        raise bad(f"'{param}' must be a non-empty string of at most {MAX_SESSION_KEY} characters.", param,
+                  "invalid_type" if not isinstance(value, str) else "invalid_value")  # fmt: skip
+    return value
 
 
 def parse_completion(body: dict) -> GenerationRequest:

@@ -71,6 +71,8 @@ def _headers(gen: generation.Generation) -> dict:
         "x-switchyard-replica": str(gen.route.replica_id),
         "x-switchyard-route-reason": gen.route.reason,
     }
+    if gen.route.predicted_cached_tokens is not None:  # the gateway had the prompt's token ids
+        headers["x-switchyard-cached-tokens-predicted"] = str(gen.route.predicted_cached_tokens)
     if gen.prefill_replica is not None:  # only when a prefill replica computes the prompt
         headers["x-switchyard-prefill-replica"] = str(gen.prefill_replica)
     return headers
@@ -196,8 +198,7 @@ async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generati
         raise too_large() from None
     req = parse(parse_json(raw))
     req.timing = request.headers.get("x-switchyard-timing") == "1"
-    session = request.headers.get("x-session-affinity") or None
-    return req, await generation.start(req, caller, session)
+    return req, await generation.start(req, caller, request.headers)
 
 
 # -- chat --------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ COMPLETION = {"model": "m", "prompt": "hi"}
         ("reasoning_effort", "low"),
         ("verbosity", "low"),
         ("store", True),
-        ("prompt_cache_key", "conv-1"),
     ],
 )
 def test_chat_parameters_not_built_are_refused_naming_them(name, value):
@@ -51,6 +50,15 @@ def test_completion_parameters_not_built_are_refused_naming_them(name, value):
     with pytest.raises(OpenAIError) as err:
         parse_completion({**COMPLETION, name: value})
     assert err.value.param == name and err.value.code == "unsupported"
+
+
+def test_prompt_cache_key_is_the_session_key_and_a_bad_one_is_refused():
+    assert parse_chat({**CHAT, "prompt_cache_key": "conv-1"}).prompt_cache_key == "conv-1"
+    assert parse_completion({**COMPLETION, "prompt_cache_key": None}).prompt_cache_key is None
+    for value in ["", 7, "x" * 257, ["conv"]]:
+        with pytest.raises(OpenAIError) as err:
+            parse_chat({**CHAT, "prompt_cache_key": value})
+        assert err.value.status == 400 and err.value.param == "prompt_cache_key"
 
 
 def test_values_that_ask_for_nothing_unbuilt_are_accepted():
