@@ -16,7 +16,7 @@ from workers.demo.corpus import (
 )
 from workers.demo.train import DECISION_WEIGHT, HERE, assistant_mask, loss_weights, main
 from workers.engine import LLM, SamplingParams
-from workers.engine.tokenizer import Tokenizer
+from workers.protocol.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=60)
 # A question per tool, with the arguments the call must carry.

@@ -8,8 +8,8 @@ import pytest
 
 from workers.engine import LLM, ModelLoadError
 from workers.engine.loader import iter_tensors
-from workers.engine.tokenizer import Tokenizer
 from workers.protocol.model_files import model_file, weight_files
+from workers.protocol.tokenizer import Tokenizer
 
 
 @pytest.fixture

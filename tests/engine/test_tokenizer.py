@@ -4,7 +4,7 @@ import pytest
 import transformers
 
 from workers.engine import LLM, SamplingParams
-from workers.engine.tokenizer import IncrementalDetokenizer, TemplateError, Tokenizer
+from workers.protocol.tokenizer import IncrementalDetokenizer, TemplateError, Tokenizer
 
 TOOLS = [
     {

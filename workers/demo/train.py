@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.engine.tokenizer import Tokenizer, _compile_template
+    from workers.protocol.tokenizer import Tokenizer, _compile_template
 
     torch.manual_seed(args.seed)
     started = time.monotonic()

@@ -2,7 +2,7 @@
 continuous batching. No Django, no Redis: the replica process adapts it to the control plane."""
 
 from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.errors import EngineError, ModelLoadError, RequestError, UnsupportedArchitectureError
+from workers.engine.errors import ModelLoadError, RequestError, UnsupportedArchitectureError
 from workers.engine.llm import LLM
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.outputs import CompletionOutput, RequestDelta, RequestOutput
@@ -12,7 +12,6 @@ __all__ = [
     "LLM",
     "CompletionOutput",
     "EngineConfig",
-    "EngineError",
     "LLMEngine",
     "ModelConfig",
     "ModelLoadError",

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from workers.engine.errors import ModelLoadError
-from workers.protocol.model_files import architecture, read_config
+from workers.protocol.model_files import architecture, max_context, read_config, sliding_window
 
 DTYPES = {
     "float32": torch.float32,
@@ -57,6 +57,9 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     max_position_embeddings: int
+    # Longest context served exactly: within a sliding window, full attention is exact
+    # (model_files.max_context: the gateway's check uses the same rule).
+    max_context: int
     rope: RopeConfig
     tie_word_embeddings: bool
     attention_bias: bool = False
@@ -65,13 +68,6 @@ class ModelConfig:
     torch_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
-
-    @property
-    def max_context(self) -> int:
-        """Longest context served exactly: within a sliding window, full attention is exact."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -87,7 +83,6 @@ class ModelConfig:
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
             model_type = raw.get("model_type", "")
-            use_sw = raw.get("use_sliding_window", model_type == "mistral")
             return cls(
                 architecture=arch,
                 model_type=model_type,
@@ -100,11 +95,12 @@ class ModelConfig:
                 head_dim=int(head_dim),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                max_context=max_context(raw),
                 rope=_rope_from(raw),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 qk_norm=arch == "Qwen3ForCausalLM",
-                sliding_window=raw.get("sliding_window") if use_sw else None,
+                sliding_window=sliding_window(raw),
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),

@@ -22,7 +22,8 @@ from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequence import Sequence
-from workers.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from workers.protocol.model_files import served_context
+from workers.protocol.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class LLMEngine:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         progress("allocating KV cache", 0.85)
         blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
-        self.max_model_len = min(config.max_model_len or self.model_config.max_context, self.model_config.max_context)
+        self.max_model_len = served_context(self.model_config.max_context, config.max_model_len)
         if blocks * config.block_size < self.max_model_len:
             # Serve what fits rather than admit a request that could never complete.
             log.warning(

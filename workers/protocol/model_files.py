@@ -1,8 +1,9 @@
 """The files of a Hugging Face model directory, read without torch.
 
-Shared by the engine's loader and the control plane's catalog, which must not import torch:
-one place decides which architectures are served, how config.json is read, which weight
-files a directory holds, and that every file read is inside the directory.
+Shared by the engine's loader and the control plane's catalog and gateway, which must not
+import torch: one place decides which architectures are served, how config.json is read, how
+long a context the model serves, which weight files a directory holds, and that every file
+read is inside the directory.
 """
 
 from __future__ import annotations
@@ -64,6 +65,29 @@ def architecture(config: dict, source: str = "config.json") -> str:
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     return arch
+
+
+def sliding_window(config: dict) -> int | None:
+    """The attention window of a model that uses one: Mistral's unless its config says
+    otherwise; Qwen2's only with use_sliding_window."""
+    if config.get("use_sliding_window", config.get("model_type", "") == "mistral"):
+        return config.get("sliding_window")
+    return None
+
+
+def max_context(config: dict) -> int:
+    """The longest context the engine serves this model exactly: its position embeddings, or
+    within a sliding window (where full attention and windowed attention agree)."""
+    positions = int(config.get("max_position_embeddings", 2048))
+    window = sliding_window(config)
+    return min(positions, window) if window else positions
+
+
+def served_context(max_context: int, max_model_len: int | None) -> int:
+    """The context a replica serves: the deployment's max_model_len when set, never past the
+    model's. The gateway refuses a prompt by it before routing, the engine when admitting (an
+    engine whose KV cache holds fewer tokens serves fewer still; only it knows)."""
+    return min(max_model_len or max_context, max_context)
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:

@@ -261,9 +261,8 @@ class ReplicaServer:
             return message.prompt_token_ids
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer; send prompt_token_ids")
-        if message.messages is not None:
-            return self.tokenizer.apply_chat_template(message.messages, tools=message.tools)
-        return self.tokenizer.encode(message.prompt or "")
+        # A gateway that could read the model sends ids, tokenised by this same function.
+        return self.tokenizer.prompt_ids(message.messages, message.tools, message.prompt)
 
     def _abort(self, rid: str) -> None:
         if self.inflight.pop(rid, None) is not None:

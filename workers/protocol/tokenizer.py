@@ -1,5 +1,13 @@
 """Tokenizer (the `tokenizers` library over tokenizer.json), chat templates rendered in a jinja2
-sandbox with transformers' `apply_chat_template` semantics, and incremental detokenisation."""
+sandbox with transformers' `apply_chat_template` semantics, and incremental detokenisation.
+
+Torch-free, so both ends use it: the gateway turns a request into token ids before it picks a
+replica (KV-aware routing hashes them, the context check counts them), and the replica turns a
+request sent as chat messages or text into the same ids (`Tokenizer.prompt_ids`), when a
+gateway could not read the model's files. Its errors are neutral too: `TemplateError` is a
+`workers.protocol.errors.RequestError` (the engine's), a broken directory a `ModelDirectoryError`
+(the engine's `ModelLoadError`).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +20,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from workers.engine.errors import ModelLoadError, RequestError
-from workers.protocol.model_files import model_file
+from workers.protocol.errors import RequestError
+from workers.protocol.model_files import ModelDirectoryError, model_file
 
 
 def _token_str(value) -> str | None:
@@ -35,18 +43,18 @@ class Tokenizer:
         root = Path(model_dir)
         path = model_file(root, "tokenizer.json")
         if not path.is_file():
-            raise ModelLoadError(f"{root}: no tokenizer.json (a fast tokenizer is required)")
+            raise ModelDirectoryError(f"{root}: no tokenizer.json (a fast tokenizer is required)")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception for malformed files
-            raise ModelLoadError(f"{path}: cannot load tokenizer ({exc})") from exc
+            raise ModelDirectoryError(f"{path}: cannot load tokenizer ({exc})") from exc
         cfg_path = model_file(root, "tokenizer_config.json")
         self.config: dict = {}
         if cfg_path.is_file():
             try:
                 self.config = json.loads(cfg_path.read_text())
             except json.JSONDecodeError as exc:
-                raise ModelLoadError(f"{cfg_path}: invalid JSON ({exc})") from exc
+                raise ModelDirectoryError(f"{cfg_path}: invalid JSON ({exc})") from exc
         self.chat_template = self._find_chat_template(root)
         self.special_tokens = {
             key: _token_str(self.config.get(key))
@@ -100,6 +108,16 @@ class Tokenizer:
         # Templates write their own special tokens (BOS...), as in transformers.
         return self.encode(text, add_special_tokens=False)
 
+    def prompt_ids(
+        self, messages: list[dict] | None = None, tools: list[dict] | None = None, prompt: str | None = None
+    ) -> list[int]:
+        """A request's prompt as the engine runs it: chat `messages` rendered with their `tools`,
+        else the text `prompt` encoded. The gateway and the replica both call this, so what the
+        gateway routes and checks is what the replica computes."""
+        if messages is not None:
+            return self.apply_chat_template(messages, tools=tools)
+        return self.encode(prompt or "")
+
 
 def _raise_exception(message: str):
     raise TemplateError(message)
@@ -117,7 +135,7 @@ def _compile_template(source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise ModelLoadError(f"chat template has a syntax error: {exc}") from exc
+        raise ModelDirectoryError(f"chat template has a syntax error: {exc}") from exc
 
 
 class IncrementalDetokenizer:
