@@ -206,6 +206,9 @@ class ReplicaServer:
         if not (rid and reply_to and isinstance(rid, str) and isinstance(reply_to, str)):
             log.warning("generate message without id or reply_to: %s", list(data))
             return
+        if rid in self.inflight:  # sent twice (a gateway retried a send whose connection dropped)
+            log.warning("generate %s is already running here: the duplicate is dropped", rid)
+            return
         if self.draining:
             self._send(reply_to, ErrorEvent(rid, 503, "replica is draining"))
             return
