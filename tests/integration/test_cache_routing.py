@@ -1,0 +1,133 @@
+"""Prompt-cache routing through real processes (uvicorn, the control worker, a node agent, two
+replicas of the demo model): identical prompts meet their cached prefix, a session's turns stay
+on its replica with growing cached tokens, the KV-aware router finds a prefix without any
+header, the gateway's prediction matches what the engine reports, and a replica that dies
+leaves the index and its sessions move. Prompts are token ids (completions), so the gateway
+has them whatever the model's template."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+
+from tests.support.stack import (
+    committed,
+    demo_model,
+    processes,
+    replica_status,
+    stack_env,
+    wait_for,
+    wait_online,
+    wait_ready,
+    wait_web,
+)
+from workers.bench.processes import free_port
+from workers.protocol import kv_blocks
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
+B = 16  # the deployment's KV block size (no cache policy: the default)
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+
+    state = tmp_path_factory.mktemp("cache-routing")
+    node, port = f"cache-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1")
+    with committed(django_db_blocker):
+        owner = get_user_model().objects.create_user("cache-owner")
+        model = demo_model()
+        with processes(state, node, env, web_port=port):
+            wait_online(node)
+            create_deployment({"slug": "cached", "model": model, "replicas": 2})
+            _, secret = create_api_key(name="cache", owner=owner)
+            wait_ready("cached", 2, 120)
+            base = f"http://127.0.0.1:{port}"
+            wait_web(base)
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as http:
+                yield http
+
+
+def complete(http: httpx.Client, prompt: list[int], session: str | None = None) -> tuple[dict, httpx.Headers]:
+    headers = {"x-session-affinity": session} if session else {}
+    body = {"model": "cached", "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    response = http.post("/v1/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()["usage"], response.headers
+
+
+def cached(usage: dict) -> int:
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 31) % 1000 + 5 for i in range(n)]
+
+
+def test_identical_prompts_report_the_oracles_cached_tokens(stack):
+    p, n = 50, 4  # 50 tokens: 3 whole blocks of 16 the engine can reuse (it computes the last token)
+    results = [complete(stack, prompt(1, p)) for _ in range(n)]
+    assert sum(cached(usage) for usage, _ in results) == (n - 1) * (p // B) * B
+    assert len({headers["x-switchyard-replica"] for _, headers in results}) == 1  # the prefix's replica
+    assert [headers["x-switchyard-route-reason"] for _, headers in results[1:]] == ["kv_aware"] * (n - 1)
+    # the gateway's prediction is what the engine then reported
+    assert [int(headers["x-switchyard-cached-tokens-predicted"]) for _, headers in results] == [
+        cached(usage) for usage, _ in results
+    ]
+
+
+def test_a_sessions_turns_stay_on_its_replica_with_growing_cached_tokens(stack):
+    context, seen = prompt(2, 40), []
+    for turn in range(5):
+        usage, headers = complete(stack, context, session="agent-7")
+        seen.append((headers["x-switchyard-replica"], cached(usage)))
+        if turn:
+            assert headers["x-switchyard-route-reason"] == "session_bound"
+        context = context + prompt(100 + turn, 24)  # the tool result of this turn
+    assert len({replica for replica, _ in seen}) == 1
+    tokens = [n for _, n in seen]
+    assert tokens[0] == 0 and tokens == sorted(set(tokens)), tokens
+
+
+def test_without_a_header_the_kv_aware_router_follows_each_prefix(stack):
+    # Two conversations with different prefixes, interleaved: each one's turns go to the replica
+    # holding its prefix.
+    contexts = {"a": prompt(3, 64), "b": prompt(4, 64)}
+    homes: dict[str, set] = {"a": set(), "b": set()}
+    for turn in range(4):
+        for name in contexts:
+            usage, headers = complete(stack, contexts[name])
+            homes[name].add(headers["x-switchyard-replica"])
+            if turn:
+                assert cached(usage) >= 64 // B * B and headers["x-switchyard-route-reason"] == "kv_aware"
+            contexts[name] = contexts[name] + prompt(200 + turn, 20)
+    assert all(len(replicas) == 1 for replicas in homes.values()), homes
+
+
+def test_a_replica_that_dies_leaves_the_index_and_its_sessions_move(stack):
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    context = prompt(5, 48)
+    usage, headers = complete(stack, context, session="doomed")
+    home = int(headers["x-switchyard-replica"])
+    assert client.scard(kv_blocks.kv_index_key(home)) > 0
+    os.kill(json.loads(replica_status(home)["endpoint"])["pid"], signal.SIGKILL)
+    # the agent sees the process go and drops its blocks from the index
+    wait_for(lambda: client.exists(kv_blocks.kv_index_key(home)) == 0, 30, "the dead replica's index to go")
+    usage, headers = complete(stack, context + prompt(300, 16), session="doomed")
+    moved = int(headers["x-switchyard-replica"])
+    assert moved != home and "session" in headers["x-switchyard-route-reason"]
+    usage, headers = complete(stack, context + prompt(300, 16) + prompt(301, 16), session="doomed")
+    assert int(headers["x-switchyard-replica"]) == moved and headers["x-switchyard-route-reason"] == "session_bound"
+    assert cached(usage) > 0
+    wait_ready("cached", 2, 120)  # restarted by its agent: the module leaves the stack whole
