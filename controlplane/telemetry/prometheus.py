@@ -3,15 +3,16 @@
 Each replica keeps its own counters and histograms (workers/replica/metrics.py) and sends them
 with every heartbeat; this module only renders them, labelled by deployment, replica and role,
 so a Prometheus server can sum and rate them however it likes. The gateway's own counters (mid-
-stream failovers, per deployment) are kept in Redis by the web processes. Torch-free.
+stream failovers and routing quality, per deployment) are kept in Redis by the web processes.
+Torch-free.
 """
 
 from __future__ import annotations
 
 import logging
 
-from controlplane.deployments.models import Replica
-from controlplane.gateway import failover
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.gateway import failover, quality
 from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaStatus
 from workers.protocol.wire import ProtocolError
@@ -89,6 +90,33 @@ FAILOVER_COUNTERS = {
 }  # fmt: skip
 
 
+# gateway/quality.py's sums. Achieved hit rate = cached / served input tokens; reachable =
+# reachable cached / input tokens (of the decisions): a ratio of rates, left to the querier.
+ROUTING_COUNTERS = {
+    "decisions": ("switchyard_routing_decisions_total", "Routing decisions made knowing the prompt's token ids."),
+    "best_prefix_decisions": ("switchyard_routing_best_prefix_decisions_total",
+                              "Routing decisions that chose a replica holding the longest cached prefix of any."),
+    "routed_input_tokens": ("switchyard_routing_input_tokens_total", "Prompt tokens of the routing decisions."),
+    "reachable_tokens": ("switchyard_routing_reachable_cached_tokens_total",
+                         "Prompt tokens cached on the best replica the load bound allowed (perfect routing)."),
+    "predicted_tokens": ("switchyard_routing_predicted_cached_tokens_total",
+                         "Prompt tokens cached on the replica chosen (the gateway's prediction)."),
+    "input_tokens": ("switchyard_routing_served_input_tokens_total", "Prompt tokens of requests that finished."),
+    "cached_tokens": ("switchyard_routing_cached_tokens_total",
+                      "Prompt tokens of requests that finished that their replica served from its prefix cache."),
+}  # fmt: skip
+
+
+def routing_quality(redis_client) -> dict[str, dict[str, int]]:
+    """Every deployment's routing-quality sums (see gateway/quality.py), read in one pipeline."""
+    slugs = list(Deployment.objects.order_by("slug").values_list("slug", flat=True))
+    pipe = redis_client.pipeline(transaction=False)
+    for slug in slugs:
+        pipe.hgetall(quality.quality_key(slug))
+    return {slug: {name: int(raw.get(name, 0)) for name in quality.FIELDS}
+            for slug, raw in zip(slugs, pipe.execute(), strict=True)}  # fmt: skip
+
+
 def replica_statuses(redis_client) -> list[tuple[Replica, ReplicaStatus | None]]:
     """Each live replica and what it reports (None: nothing, or nothing this side can read)."""
     replicas = list(Replica.objects.filter(state__in=Replica.LIVE_STATES).select_related("deployment").order_by("id"))
@@ -133,4 +161,7 @@ def render(redis_client) -> str:
     for slug, outcomes in sorted(failover.counts(redis_client).items()):
         for key, (name, help_text) in FAILOVER_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])
+    for slug, sums in routing_quality(redis_client).items():
+        for key, (name, help_text) in ROUTING_COUNTERS.items():
+            exp.add(name, "counter", help_text, {"deployment": slug}, sums[key])
     return exp.render()

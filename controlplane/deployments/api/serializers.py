@@ -1,7 +1,11 @@
+import redis
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.catalog.models import Model
+from controlplane.common import redis as redis_client
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
+from controlplane.gateway import quality
 
 
 class CachePolicySerializer(serializers.ModelSerializer):
@@ -60,12 +64,40 @@ class ReplicaSerializer(serializers.ModelSerializer):
         return [f"{d.kind}:{d.index}" for d in obj.devices.all()]
 
 
+class RoutingQualitySerializer(serializers.Serializer):
+    """The gateway's routing-quality sums of one deployment (gateway/quality.py), since counting began."""
+
+    decisions = serializers.IntegerField(help_text="routing decisions made knowing the prompt's token ids")
+    best_prefix_decisions = serializers.IntegerField(
+        help_text="decisions that chose a replica holding the longest cached prefix of any"
+    )
+    routed_input_tokens = serializers.IntegerField(help_text="prompt tokens of those decisions")
+    reachable_tokens = serializers.IntegerField(
+        help_text="prompt tokens cached on the best replica the load bound allowed (what perfect routing reuses)"
+    )
+    predicted_tokens = serializers.IntegerField(help_text="prompt tokens cached on the replicas chosen")
+    input_tokens = serializers.IntegerField(help_text="prompt tokens of requests that finished")
+    cached_tokens = serializers.IntegerField(help_text="of those, tokens their replicas served from the prefix cache")
+    achieved_hit_rate = serializers.FloatField(allow_null=True, help_text="cached_tokens / input_tokens; null at 0")
+    reachable_hit_rate = serializers.FloatField(
+        allow_null=True, help_text="reachable_tokens / routed_input_tokens; null at 0"
+    )
+
+
+def routing_quality(sums: dict[str, int]) -> dict:
+    """The sums with their hit rates (a rate over nothing is null, not 0)."""
+    rate = lambda part, whole: round(part / whole, 4) if whole else None  # noqa: E731
+    return {**sums, "achieved_hit_rate": rate(sums["cached_tokens"], sums["input_tokens"]),
+            "reachable_hit_rate": rate(sums["reachable_tokens"], sums["routed_input_tokens"])}  # fmt: skip
+
+
 # A deployment's fields that the platform sets and reports (read-only); the rest are the operator's.
 DEPLOYMENT_STATE_FIELDS = [
     "desired_state",
     "status",
     "generation",
     "replica_states",
+    "routing_quality",
     "placement_error",
     "failed_at",
     "failed_reason",
@@ -83,6 +115,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
         slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
     )
     replica_states = serializers.SerializerMethodField()
+    routing_quality = serializers.SerializerMethodField(
+        help_text="null while Redis, where the gateway counts it, cannot be read"
+    )
     status = serializers.ChoiceField(
         choices=["running", "stopped", "failed"],
         read_only=True,
@@ -119,6 +154,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
             if r.state in Replica.LIVE_STATES:
                 counts[r.state] = counts.get(r.state, 0) + 1
         return counts
+
+    @extend_schema_field(RoutingQualitySerializer(allow_null=True))
+    def get_routing_quality(self, obj) -> dict | None:
+        try:
+            return routing_quality(quality.read(redis_client.client(), obj.slug))
+        except redis.RedisError:  # the deployment is still worth showing
+            return None
 
 
 class ScaleSerializer(serializers.Serializer):
