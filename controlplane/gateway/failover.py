@@ -2,9 +2,10 @@
 or restarts under it, the request resumes on another ready replica and the client sees one
 uninterrupted answer (`Generation.events` does the resuming).
 
-Kept per request (`Progress`): the prompt's token ids (the first replica's `accepted` returns
-them when asked, so a chat template is rendered once), the output token ids the client has
-received and how many characters of their text. The resumed request goes out as token ids,
+Kept per request (`Progress`): the prompt's token ids (the gateway's own tokenisation; where it
+cannot read the model, see tokenization.py, the first replica's `accepted` returns them when
+asked, so a chat template is rendered once), the output token ids the client has received and
+how many characters of their text. The resumed request goes out as token ids,
 prompt + output, with `resume: {"output_tokens", "text_sent"}`. The engine counts those tokens as
 output (max_tokens, penalties, usage), draws each seeded token from (seed, output position)
 alone, so a seeded request draws what it would have, and rebuilds their text so that what the
@@ -45,7 +46,7 @@ def enabled() -> bool:
 class Progress:
     """What the client has received of one request, enough to resume it elsewhere."""
 
-    prompt_ids: list[int] | None  # None: unknown (the replica did not return them)
+    prompt_ids: list[int] | None  # None: unknown (untokenised, and the replica did not return them)
     output_ids: list[int] = field(default_factory=list)
     text_sent: int = 0  # characters of the output's text, as the replicas sent it
     resumed: list[dict] = field(default_factory=list)  # {"from_replica", "to_replica", "after_tokens"}

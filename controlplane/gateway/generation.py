@@ -1,8 +1,9 @@
 """One generation request from admission to its last event; shared by the OpenAI views and the
 generate websocket, which differ only in how they format events.
 
-Admission = authenticate → resolve the deployment (404/403) → rate limit (429) → route →
-submit to the replica → wait for its `accepted` (or its 400, e.g. a prompt over the context).
+Admission = authenticate → resolve the deployment (404/403) → rate limit (429) → tokenise (400
+for a prompt over the context; tokenization.py) → route → submit to the replica → wait for its
+`accepted` (or its 400).
 Only then does a response start, so every refusal is a proper HTTP error, streaming or not.
 A replica that is draining or dies before accepting is skipped for the next one. One that dies,
 hangs or restarts after accepting is replaced mid-request (see failover.py).
@@ -22,7 +23,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import failover, quality, ratelimit, router, selectors
+from controlplane.gateway import failover, quality, ratelimit, router, selectors, tokenization
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, session_key
@@ -295,16 +296,17 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     deployment, candidates = await _deployment_and_replicas(req.model, caller)
     session = session_of(deployment, req, headers, session)
     await ratelimit.check(hub.redis, caller.key)
+    await tokenization.tokenize(deployment, req)  # the router's ids; refused here if over the context
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
     resumable = failover.enabled()
-    if resumable and req.prompt_token_ids is None:  # to resume it elsewhere, the gateway needs the ids
+    if resumable and message.prompt_token_ids is None:  # untokenised: to resume it elsewhere, ask for them
         message.return_prompt_token_ids = True
     route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",
                                         session)  # fmt: skip
     if not isinstance(first, AcceptedEvent):
         raise _refusal(req, first)
-    progress = failover.Progress(first.prompt_token_ids or req.prompt_token_ids) if resumable else None
+    progress = failover.Progress(message.prompt_token_ids or first.prompt_token_ids) if resumable else None
     return Generation(stream.request_id, deployment, route, stream, caller, prefill_replica=first.prefill_replica,
                       message=message, progress=progress)  # fmt: skip
 
@@ -316,8 +318,10 @@ def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
     status = event.status
     if 400 <= status < 500:
         code = event.code or "invalid_value"
-        # No `param`: only a context error is surely the prompt's.
+        # No `param`: only a context error is surely the prompt's. Sent as ids, a chat's prompt is
+        # `prompt` to the replica; to the client it is `messages`.
         prompt = "messages" if req.kind == "chat" else "prompt"
-        param = event.param or (prompt if code == "context_length_exceeded" else None)
+        param = prompt if event.param == "prompt" else event.param
+        param = param or (prompt if code == "context_length_exceeded" else None)
         return OpenAIError(status, event.message or "The replica refused the request.", param, code)
     return OpenAIError(502, "The replica failed to admit the request; retry it.", code="replica_error")

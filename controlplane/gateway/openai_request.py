@@ -58,6 +58,9 @@ class GenerationRequest:
     tools: list[dict] | None = None
     tool_choice: str | dict = "auto"
     prompt: str | None = None
+    # The prompt's ids: the client's (a completion prompt of ids), else the gateway's own
+    # tokenisation before routing (tokenization.py); None while untokenised, and when the gateway
+    # cannot read the model (the replica tokenises then).
     prompt_token_ids: list[int] | None = None
     params: WireSamplingParams = field(default_factory=WireSamplingParams)
     logprobs: bool = False
@@ -65,13 +68,18 @@ class GenerationRequest:
     # OpenAI's `prompt_cache_key`: the same session key as the cache policy's affinity header
     prompt_cache_key: str | None = None
 
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools the chat template renders into the prompt (none when the client said 'none')."""
+        return self.tools if self.tools and self.tool_choice != "none" else None
+
     def replica_message(self) -> GenerateMessage:
-        """What the replica is sent; the hub fills in `id` and `reply_to` when it sends it."""
-        if self.kind == "chat":
-            tools = self.tools if self.tools and self.tool_choice != "none" else None
-            return GenerateMessage(params=self.params, messages=self.messages, tools=tools)
+        """What the replica is sent; the hub fills in `id` and `reply_to` when it sends it. The
+        ids once known (the replica needs no tools: the gateway parses tool calls itself)."""
         if self.prompt_token_ids is not None:
             return GenerateMessage(params=self.params, prompt_token_ids=self.prompt_token_ids)
+        if self.kind == "chat":
+            return GenerateMessage(params=self.params, messages=self.messages, tools=self.template_tools)
         return GenerateMessage(params=self.params, prompt=self.prompt)
 
 
