@@ -8,6 +8,7 @@ export type Answer = {
   error: string | null;
   replica: number | null;
   routeReason: string | null;
+  predictedCached: number | null; // the prefix the gateway found cached on the replica it chose; null: it could not tell
   sentAt: number;
   firstTokenAt: number | null;
   tokenTimes: number[];
@@ -16,14 +17,15 @@ export type Answer = {
 };
 
 export function newAnswer(id: string, sentAt: number): Answer {
-  return { id, text: "", toolCalls: [], done: false, error: null, replica: null, routeReason: null, sentAt,
-    firstTokenAt: null, tokenTimes: [], usage: null, finishReason: null };
+  return { id, text: "", toolCalls: [], done: false, error: null, replica: null, routeReason: null, predictedCached: null,
+    sentAt, firstTokenAt: null, tokenTimes: [], usage: null, finishReason: null };
 }
 
 export function applyEvent(a: Answer, event: any, now: number): Answer {
   switch (event.type) {
     case "start":
-      return { ...a, replica: event.replica, routeReason: event.route_reason };
+      return { ...a, replica: event.replica, routeReason: event.route_reason,
+        predictedCached: event.cached_tokens_predicted ?? null };
     case "token":
       return { ...a, text: a.text + event.text, firstTokenAt: a.firstTokenAt ?? now, tokenTimes: [...a.tokenTimes, now] };
     case "tool_call":
@@ -46,5 +48,5 @@ export function stats(a: Answer) {
   const span = a.tokenTimes.length > 1 ? a.tokenTimes[a.tokenTimes.length - 1] - a.tokenTimes[0] : null;
   const completion = a.usage?.completion_tokens ?? a.tokenTimes.length;
   const tokensPerSecond = span && span > 0 ? ((completion - 1) * 1000) / span : null;
-  return { ttft, itl, tokensPerSecond, cached: a.usage?.cached_tokens ?? null };
+  return { ttft, itl, tokensPerSecond, predicted: a.predictedCached, cached: a.usage?.cached_tokens ?? null };
 }

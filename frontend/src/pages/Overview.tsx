@@ -1,5 +1,6 @@
 import { useEffect, useState } from "react";
 import ReconnectingWebSocket from "reconnecting-websocket";
+import { HitRates } from "../components/HitRates";
 import { TimeChart } from "../components/TimeChart";
 import { api, list, wsUrl } from "../lib/api";
 import { columns, latest, mergePoints, Point } from "../lib/metrics";
@@ -31,7 +32,12 @@ export function Overview() {
         return out;
       });
     };
-    return () => ws.close();
+    // Replica states and routing-quality sums come with the deployments: refreshed now and then.
+    const refresh = setInterval(() => list("deployments/").then(setDeployments).catch(() => {}), REFRESH_MS);
+    return () => {
+      ws.close();
+      clearInterval(refresh);
+    };
   }, []);
 
   const online = nodes.filter((n) => n.status === "online").length;
@@ -55,6 +61,7 @@ export function Overview() {
               now: {fmt(latest(s, "tokens_per_second"))} tok/s · queue {fmt(latest(s, "queue_depth"))} · KV use{" "}
               {pct(latest(s, "kv_use"))} · cache hits {pct(latest(s, "cache_hit_rate"))}
             </p>
+            <HitRates quality={d.routing_quality} />
             <div className="grid">
               <TimeChart title="Output tokens/s" labels={["tok/s"]} data={columns(s, ["tokens_per_second"])} />
               <TimeChart title="TTFT (ms)" labels={["p50", "p90"]} data={columns(s, ["ttft_p50_ms", "ttft_p90_ms"])} />
@@ -70,5 +77,6 @@ export function Overview() {
   );
 }
 
+const REFRESH_MS = 5000;
 const fmt = (v: number | null) => (v === null ? "–" : Math.round(v * 10) / 10);
 const pct = (v: number | null) => (v === null ? "–" : `${Math.round(v * 100)}%`);

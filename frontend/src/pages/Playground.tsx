@@ -84,7 +84,8 @@ export function Playground() {
               </p>
               <p className="muted stats">
                 {answer.done ? `done (${answer.finishReason ?? "error"})` : "streaming…"} · TTFT {ms(s.ttft)} · ITL {ms(s.itl)} ·{" "}
-                {s.tokensPerSecond ? `${s.tokensPerSecond.toFixed(1)} tok/s` : "– tok/s"} · cached tokens {s.cached ?? "–"} · replica{" "}
+                {s.tokensPerSecond ? `${s.tokensPerSecond.toFixed(1)} tok/s` : "– tok/s"} ·{" "}
+                <span className="cached">cached tokens predicted {s.predicted ?? "–"} / actual {s.cached ?? "–"}</span> · replica{" "}
                 {answer.replica ?? "–"} ({answer.routeReason ?? "–"})
               </p>
             </div>
