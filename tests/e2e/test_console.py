@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -137,6 +138,8 @@ def test_playground_streams_the_answer_token_by_token(page):
     expect(log).to_contain_text("The capital of Japan is Tokyo.", timeout=30_000)
     expect(log.locator(".stats")).to_contain_text("done (stop)")
     expect(log.locator(".stats")).to_contain_text("TTFT")
+    # The gateway's prediction (– when it had no token ids) beside what the replica reported.
+    expect(log.locator(".stats .cached")).to_have_text(re.compile(r"^cached tokens predicted (\d+|–) / actual \d+$"))
     distinct = list(dict.fromkeys(page.evaluate("window.__texts")))
     assert len(distinct) >= 3, distinct  # it grew in several steps, not all at once
     assert all(b.startswith(a) for a, b in itertools.pairwise(distinct)), distinct
@@ -165,6 +168,9 @@ def test_overview_charts_move_live(page):
         arg=['[data-deployment="demo"] [aria-label="Output tokens/s"]', first],
         timeout=15_000,
     )
+    # Achieved against reachable prompt-cache hit rate (– until the gateway has counted any).
+    rates = page.locator('[data-deployment="demo"] [data-testid="hit-rates"]')
+    expect(rates).to_have_text(re.compile(r"Prompt cache: (\d+%|–) achieved / (\d+%|–) reachable"))
     shot(page, "overview-live")
     meta = json.dumps({"points_when_opened": first})
     (ARTIFACTS / "overview.json").write_text(meta)
