@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -282,6 +283,11 @@ def fresh_heartbeat(url: str, token: str, node: str, since: datetime) -> Callabl
     return check
 
 
+def demo_ready(url: str, token: str) -> bool:
+    status, body = http(f"{url}api/v1/replicas/?deployment__slug=demo&state=ready", token)
+    return status == 200 and isinstance(body, dict) and bool(body.get("results"))
+
+
 def replica_summary(url: str, token: str, logs_dir: Path) -> str:
     status, body = http(f"{url}api/v1/replicas/?deployment__slug=demo", token)
     if status != 200 or not isinstance(body, dict):
@@ -325,6 +331,7 @@ def main() -> int:
             log(f"stopped replica process {pid}, left running by the node agent")
         sup.stop(tuple(s.name for s in sup.services if s.name != "redis"))
         sup.stop()
+        log("stopped")
 
 
 def run(sup: Supervisor, started: datetime) -> int:
@@ -388,11 +395,17 @@ def run(sup: Supervisor, started: datetime) -> int:
     probe = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
 
     def answers():
+        if not demo_ready(url, creds["token"]):  # asked first: each 503 would be an error line in web.log
+            attempt["last"] = "no demo replica is ready yet"
+            return report_now()
         status, body = http(f"{url}v1/chat/completions", api_key, probe, timeout=30)
         if status == 200 and isinstance(body, dict) and body.get("choices"):
             return True
         error = body.get("error", {}).get("message") if isinstance(body, dict) else body
         attempt["last"] = f"{status}: {error}"
+        return report_now()
+
+    def report_now() -> bool:
         if time.monotonic() > attempt["next_report"]:
             attempt["next_report"] = time.monotonic() + 30
             log(f"still waiting ({attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}")
@@ -403,6 +416,9 @@ def run(sup: Supervisor, started: datetime) -> int:
             f"the demo deployment did not answer a chat completion within {serve_timeout:g} s (last answer "
             f"{attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}"
         )
+    # create_token must find this run's database: the same state directory (or DATABASE_URL)
+    state_env = "".join(f"{name}={shlex.quote(os.environ[name])} " for name in ("SWITCHYARD_STATE_DIR", "DATABASE_URL")
+                        if os.environ.get(name))  # fmt: skip
     shown = password or "(changed since make run set it; `manage.py changepassword admin` sets one)"
     print(
         f"""
@@ -410,7 +426,7 @@ Switchyard is running.
   console / API : {url}   (API docs: {url}api/docs/)
   admin         : {user} / {shown}
   API key       : {api_key}
-  management API: TOKEN=$(.venv/bin/python manage.py create_token {user})
+  management API: TOKEN=$({state_env}.venv/bin/python manage.py create_token {user})
                   curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
   written to    : {run_file}
 Try the demo model:

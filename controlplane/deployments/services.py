@@ -23,6 +23,7 @@ from controlplane.deployments.specs import build_spec
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
+from controlplane.inventory.selectors import placeable_nodes
 from workers.protocol import control
 
 log = logging.getLogger(__name__)
@@ -315,7 +316,7 @@ def _free_devices(node: Node, kind: str | None = None) -> list[Device]:
 def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
     need = dep.devices_per_replica
     nodes = (
-        Node.objects.filter(status=Node.Status.ONLINE)
+        placeable_nodes()
         .annotate(load=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES)))
         .order_by("load", "name")
     )
@@ -463,7 +464,7 @@ def _budget_left(dep: Deployment) -> bool:
 
 def _placement_problem(dep: Deployment) -> str:
     """Why `_place` found no room, in words for the console."""
-    nodes = list(Node.objects.filter(status=Node.Status.ONLINE).order_by("name"))
+    nodes = list(placeable_nodes().order_by("name"))
     if not nodes:
         return "no online node"
     need = dep.devices_per_replica

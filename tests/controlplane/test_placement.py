@@ -53,3 +53,24 @@ def test_a_replica_that_cannot_be_placed_shows_on_the_deployment_once(staff_clie
     reconcile_all()
     assert Event.objects.filter(verb="deployment.unplaced").count() == 2
     assert staff_client.get("/api/v1/deployments/d/").json()["placement_error"].startswith("1 replica not placed")
+
+
+def test_a_node_left_online_with_a_stale_heartbeat_gets_no_replica(staff_client, model, settings):
+    """An agent killed outright leaves its node `online` until the stale-node check runs; the
+    reconciler must not place a replica there in the meantime (it would only be stopped again)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "tiny", "replicas": 1}, format="json")
+    dead = _cpu_node("node-dead")
+    old = timezone.now() - timedelta(seconds=settings.SWITCHYARD["NODE_STALE_SECONDS"] + 5)
+    Node.objects.filter(pk=dead.pk).update(last_heartbeat=old)
+    reconcile_all()
+    assert not Replica.objects.exists()
+    assert (
+        staff_client.get("/api/v1/deployments/d/").json()["placement_error"] == "1 replica not placed: no online node"
+    )
+    alive = _cpu_node("node-alive")
+    reconcile_all()
+    assert list(Replica.objects.values_list("node__name", flat=True)) == [alive.name]
