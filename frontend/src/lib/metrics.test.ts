@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { columns, latest, mergePoints, Point } from "./metrics";
+import { columns, latest, mergePoints, percentTicks, Point } from "./metrics";
 
 const p = (t: number, tps: number | null = 1): Point => ({
   t, tokens_per_second: tps, ttft_p50_ms: null, ttft_p90_ms: null, itl_p50_ms: 5, itl_p90_ms: 9,
@@ -22,5 +22,12 @@ describe("columns and latest", () => {
     expect(columns(series, ["tokens_per_second", "itl_p90_ms"])).toEqual([[1, 2], [2, null], [9, 9]]);
     expect(latest(series, "tokens_per_second")).toBe(2);
     expect(latest([], "kv_use")).toBeNull();
+  });
+});
+
+describe("percentTicks", () => {
+  it("labels fractions as whole percents instead of rounding them to 0", () => {
+    expect(percentTicks([0, 0.25, 0.5, 1])).toEqual(["0%", "25%", "50%", "100%"]);
+    expect(percentTicks([0.004, 0.996])).toEqual(["0%", "100%"]);
   });
 });

@@ -36,3 +36,8 @@ export function latest(series: Point[], field: keyof Point): number | null {
   }
   return null;
 }
+
+/** Axis labels of a fraction (0..1) as whole percents: uPlot's own labels round small fractions to "0". */
+export function percentTicks(splits: number[]): string[] {
+  return splits.map((v) => `${Math.round(v * 100)}%`);
+}

@@ -66,9 +66,9 @@ export function Overview() {
               <TimeChart title="Output tokens/s" labels={["tok/s"]} data={columns(s, ["tokens_per_second"])} />
               <TimeChart title="TTFT (ms)" labels={["p50", "p90"]} data={columns(s, ["ttft_p50_ms", "ttft_p90_ms"])} />
               <TimeChart title="ITL (ms)" labels={["p50", "p90"]} data={columns(s, ["itl_p50_ms", "itl_p90_ms"])} />
-              <TimeChart title="Prompt-cache hit rate" labels={["hit rate"]} data={columns(s, ["cache_hit_rate"])} />
+              <TimeChart title="Prompt-cache hit rate" labels={["hit rate"]} data={columns(s, ["cache_hit_rate"])} fraction />
               <TimeChart title="Queue depth" labels={["requests"]} data={columns(s, ["queue_depth"])} />
-              <TimeChart title="KV-cache use" labels={["fraction"]} data={columns(s, ["kv_use"])} />
+              <TimeChart title="KV-cache use" labels={["used"]} data={columns(s, ["kv_use"])} fraction />
             </div>
           </section>
         );
