@@ -13,6 +13,7 @@ from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import quality
 from controlplane.telemetry.prometheus import render
+from workers.bench.processes import free_port
 
 pytestmark = pytest.mark.django_db
 SLUGS = ("chat", "idle")
@@ -97,14 +98,24 @@ def test_the_api_shows_each_deployments_sums_and_hit_rates(redis, deployments, u
     assert listed["idle"]["decisions"] == 0
 
 
-def test_the_deployment_is_still_shown_when_redis_cannot_be_read(deployments, user_client, monkeypatch):
-    def unreachable(*args, **kwargs):
-        raise aioredis.ConnectionError("Redis is down")  # redis.asyncio re-exports redis' errors
-
-    monkeypatch.setattr(quality, "read", unreachable)
-    response = user_client.get("/api/v1/deployments/chat/")
-    assert response.status_code == 200
-    assert response.json()["routing_quality"] is None
+def test_the_deployments_are_still_shown_when_redis_cannot_be_read(deployments, user_client, monkeypatch, settings):
+    """Redis really unreachable (a port nobody listens on); the list asks it once, not once per
+    deployment (each try could wait out the connect timeout)."""
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    redis_client.client.cache_clear()
+    reads = []
+    real_read = quality.read
+    monkeypatch.setattr(quality, "read", lambda *args: reads.append(args[1]) or real_read(*args))  # a spy
+    try:
+        response = user_client.get("/api/v1/deployments/chat/")
+        assert response.status_code == 200 and response.json()["routing_quality"] is None
+        reads.clear()
+        listed = user_client.get("/api/v1/deployments/")
+        assert listed.status_code == 200
+        assert [d["routing_quality"] for d in listed.json()["results"]] == [None, None]
+        assert len(reads) == 1
+    finally:
+        redis_client.client.cache_clear()
 
 
 def test_the_schema_describes_routing_quality(user_client):

@@ -157,9 +157,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(RoutingQualitySerializer(allow_null=True))
     def get_routing_quality(self, obj) -> dict | None:
+        if self.context.get("redis_unreachable"):  # a list waits out Redis' timeout once, not per row
+            return None
         try:
             return routing_quality(quality.read(redis_client.client(), obj.slug))
         except redis.RedisError:  # the deployment is still worth showing
+            self.context["redis_unreachable"] = True
             return None
 
 
