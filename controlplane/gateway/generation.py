@@ -116,6 +116,7 @@ class Generation:
     prefill_replica: int | None = None
     message: GenerateMessage = field(default_factory=GenerateMessage)  # what the first replica was sent
     progress: failover.Progress | None = None  # None: failover is off
+    prompt_counted: bool = False  # its prompt tokens counted against the key's TPM when it was sent
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -147,9 +148,8 @@ class Generation:
                     self.prefill_replica = ((event.disaggregation or {}).get("prefill") or {}).get("replica")
                 if event.usage:
                     usage = event.usage
-                    await ratelimit.count_tokens(
-                        self.stream.hub.redis, self.caller.key, usage["prompt_tokens"] + usage["completion_tokens"]
-                    )
+                    spent = usage["completion_tokens"] + (0 if self.prompt_counted else usage["prompt_tokens"])
+                    await ratelimit.count_tokens(self.stream.hub.redis, self.caller.key, spent)
                     await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
                 if self.progress is not None:
                     self.progress.observe(event)
@@ -295,8 +295,9 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     hub = get_hub()
     deployment, candidates = await _deployment_and_replicas(req.model, caller)
     session = session_of(deployment, req, headers, session)
-    await ratelimit.check(hub.redis, caller.key)
     await tokenization.tokenize(deployment, req)  # the router's ids; refused here if over the context
+    prompt_tokens = len(req.prompt_token_ids) if req.prompt_token_ids is not None else None
+    await ratelimit.check(hub.redis, caller.key, prompt_tokens)
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
     resumable = failover.enabled()
@@ -306,9 +307,11 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
                                         session)  # fmt: skip
     if not isinstance(first, AcceptedEvent):
         raise _refusal(req, first)
+    if prompt_tokens is not None:  # exact before it runs: a burst cannot overdraw the budget
+        await ratelimit.count_tokens(hub.redis, caller.key, prompt_tokens)
     progress = failover.Progress(message.prompt_token_ids or first.prompt_token_ids) if resumable else None
     return Generation(stream.request_id, deployment, route, stream, caller, prefill_replica=first.prefill_replica,
-                      message=message, progress=progress)  # fmt: skip
+                      message=message, progress=progress, prompt_counted=prompt_tokens is not None)  # fmt: skip
 
 
 def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:

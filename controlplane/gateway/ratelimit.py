@@ -1,8 +1,12 @@
 """Per-key request and token limits over fixed one-minute windows in Redis.
 
 A request is refused with 429 and `Retry-After` (seconds to the next window) when the key has
-made `rpm_limit` requests this minute, or has already used `tpm_limit` tokens (prompt plus
-completion, counted when each request finishes).
+made `rpm_limit` requests this minute, or when its prompt would take the tokens used this minute
+past `tpm_limit`. The gateway knows a prompt's exact tokens before it is dispatched (it tokenises
+it), so prompt tokens count when the request is sent and completion tokens when it finishes; a
+prompt larger than the whole per-minute budget is refused without `Retry-After` (waiting would
+not help). A prompt the gateway could not tokenise (a model it cannot read) is checked against the
+tokens already used, and counts when it finishes.
 """
 
 from __future__ import annotations
@@ -20,13 +24,22 @@ def _window() -> tuple[int, int]:
     return int(now // WINDOW), max(math.ceil(WINDOW - now % WINDOW), 1)
 
 
-async def check(redis, key) -> None:
+async def check(redis, key, prompt_tokens: int | None = None) -> None:
+    """Refuse the request (429) if it would pass the key's limits; `prompt_tokens`: its exact
+    prompt size, None when the gateway could not tokenise it."""
     if key is None or (key.rpm_limit is None and key.tpm_limit is None):
         return
     window, retry = _window()
     if key.tpm_limit is not None:
+        if prompt_tokens is not None and prompt_tokens > key.tpm_limit:
+            raise OpenAIError(
+                429,
+                f"Request too large: its prompt has {prompt_tokens} tokens, more than this key may use in a minute"
+                f" ({key.tpm_limit}).",
+                code="rate_limit_exceeded",
+            )
         used = int(await redis.get(f"switchyard:rl:{key.pk}:tokens:{window}") or 0)
-        if used >= key.tpm_limit:
+        if used + (prompt_tokens or 0) > key.tpm_limit or used >= key.tpm_limit:
             raise OpenAIError(
                 429,
                 f"Rate limit reached: {used} tokens used this minute (limit {key.tpm_limit} per minute).",

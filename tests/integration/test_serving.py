@@ -65,7 +65,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             _, secret = create_api_key(name="all", owner=owner)
             _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
             _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
-            _, thrifty = create_api_key(name="thrifty", owner=owner, tpm_limit=10)
+            _, thrifty = create_api_key(name="thrifty", owner=owner, tpm_limit=20)
             browser = Client()
             browser.force_login(owner)  # a console session, committed for the web server to see
             [replica] = wait_ready("demo", 1, 90)
@@ -387,7 +387,13 @@ def test_rate_limit_answers_429_with_retry_after(stack):
     r = _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"])
     assert r.status_code == 429 and _error(r)["type"] == "rate_limit_error"
     assert 1 <= int(r.headers["Retry-After"]) <= 60
-    # Tokens per minute: the first request (11 prompt + 2 completion tokens) spends the budget.
+    # Tokens per minute (20): a prompt larger than the whole budget is refused before it runs,
+    # with no Retry-After (waiting would not help)...
+    huge = {**ok, "messages": [{"role": "user", "content": "Tell me about " + "the sea and " * 10}]}
+    r = _post(stack, "/v1/chat/completions", huge, key=stack["thrifty_key"])
+    assert r.status_code == 429 and "too large" in _error(r)["message"] and "Retry-After" not in r.headers
+    # ...the first request (11 prompt + 2 completion tokens) passes; the second's 11 prompt tokens
+    # would take the minute's 13 past 20.
     assert _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"]).status_code == 200
     r = _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"])
     assert r.status_code == 429 and "tokens" in _error(r)["message"] and "Retry-After" in r.headers

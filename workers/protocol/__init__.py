@@ -8,5 +8,9 @@ them. Each message is a typed dataclass with a `version`; both ends build and re
   reports).
 - `model_files`: what a model directory must hold, read without torch (the engine's loader and
   the catalog both check with it).
+- `tokenizer`: a model's tokenizer and chat templates (the gateway tokenises prompts with it, the
+  replica whatever the gateway could not); `errors`: RequestError, a request's own fault.
+- `kv_blocks`: the chained KV block hash and each replica's Redis set of the blocks it holds
+  (KV-aware routing).
 - `wire`: what the messages share (ProtocolError, the version check).
 """
