@@ -17,13 +17,14 @@ from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError
 from workers.engine.loader import eos_token_ids, load_model
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
+from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
 from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequence import Sequence
 from workers.protocol.model_files import served_context
-from workers.protocol.tokenizer import IncrementalDetokenizer, Tokenizer
+from workers.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.sampler = Sampler(config.seed)
+        self.output = OutputProcessor(self.tokenizer, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
         self.held: dict[str, Sequence] = {}
@@ -100,7 +102,7 @@ class LLMEngine:
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
         if output_token_ids:
-            self._replay_text(seq, emitted_text_len)
+            self.output.replay(seq, emitted_text_len)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -128,18 +130,8 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_prompt([*prompt_token_ids, *output_token_ids])
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
-        if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, sampling_params.skip_special_tokens
-            )
+        self.output.attach(seq)
         return seq
-
-    def _replay_text(self, seq: Sequence, emitted_text_len: int) -> None:
-        """A resumed sequence's text so far, token by token as `_append_token` built it."""
-        stops = set(seq.params.stop_token_ids) | set(seq.eos_token_ids)
-        if seq.detokenizer is not None:
-            seq.text = "".join(seq.detokenizer.add(t) for t in seq.output_token_ids if t not in stops)
-        seq.emitted_text_len = min(max(emitted_text_len, 0), len(seq.text))
 
     # -- disaggregated prefill/decode -----------------------------------------------------------
     def reserve_blocks(self, num_tokens: int) -> list[int] | None:
@@ -177,7 +169,7 @@ class LLMEngine:
         self.requests[request_id] = seq
         self.scheduler.add_running(seq)
         self.num_generated_tokens += 1
-        return self._append_token(seq, first_token, first_logprobs or {first_token: 0.0})
+        return self._process(seq, [first_token], [first_logprobs or {first_token: 0.0}])
 
     def kv_layout(self) -> dict:
         """What a peer must match to exchange KV blocks with this engine."""
@@ -218,64 +210,19 @@ class LLMEngine:
         result = self.sampler(logits, [item.seq for item in sampling])
         deltas = []
         for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
-            deltas.append(self._append_token(item.seq, token, logprobs))
+            deltas.append(self._process(item.seq, [token], [logprobs]))
         self.num_generated_tokens += len(sampling)
         return deltas
 
-    def _append_token(self, seq: Sequence, token: int, logprobs) -> RequestDelta:
-        p = seq.params
-        seq.token_ids.append(token)
-        if seq.logprobs is not None:
-            seq.logprobs.append(logprobs)
-        is_stop_token = token in p.stop_token_ids
-        is_eos = token in seq.eos_token_ids
-        if seq.detokenizer is not None and not (is_eos or is_stop_token):
-            seq.text += seq.detokenizer.add(token)
-        if is_stop_token:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif is_eos or (p.stop and self._check_stop_strings(seq)):
-            seq.finish_reason = "stop"
-        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
-            seq.num_tokens >= self.max_model_len
-        ):
-            seq.finish_reason = "length"
-        finished = seq.finish_reason is not None
-        # Hold back text that could still turn out to be the start of a stop string.
-        hold = 0 if finished or not p.stop else p.max_stop_len - 1
-        visible = max(len(seq.text) - hold, seq.emitted_text_len)
-        new_text = seq.text[seq.emitted_text_len : visible]
-        seq.emitted_text_len = visible
-        delta = RequestDelta(
-            request_id=seq.request_id,
-            new_token_ids=[token],
-            new_text=new_text,
-            new_logprobs=[logprobs] if seq.logprobs is not None else None,
-            finished=finished,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            stop_reason=seq.stop_reason,
-        )
-        if finished:
+    def _process(self, seq: Sequence, token_ids: list[int], logprobs: list) -> RequestDelta:
+        """Hand `seq` its new tokens (OutputProcessor) and retire it if they finished it."""
+        delta = self.output.process(seq, token_ids, logprobs)
+        if delta.finished:
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             self.requests.pop(seq.request_id, None)
             if seq.hold_blocks:
                 self.held[seq.request_id] = seq
         return delta
-
-    def _check_stop_strings(self, seq: Sequence) -> bool:
-        """Truncate the text at the first stop string; search only where a new one can start."""
-        start = max(seq.emitted_text_len - seq.params.max_stop_len, 0)
-        best = -1
-        for s in seq.params.stop:
-            i = seq.text.find(s, start)
-            if i != -1 and (best == -1 or i < best):
-                best, seq.stop_reason = i, s
-        if best == -1:
-            return False
-        seq.text = seq.text[:best]
-        return True
 
     # -- what the prefix cache holds (the replica publishes it for routing) ---------------------
     def take_kv_events(self) -> tuple[list[int], list[int]]:
