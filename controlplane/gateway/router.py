@@ -104,12 +104,12 @@ def _prefill_score(status: ReplicaStatus) -> tuple:
 
 async def _facts(hub: ReplicaHub, cfg: Settings, slug: str, ids: list[int], session: str | None,
                  hashes: list[int]) -> tuple[int | None, dict[int, int], int]:  # fmt: skip
-    """The session's binding, the leading prompt blocks each replica holds and the round-robin
-    turn, each read only when the policy uses it."""
+    """The session's binding and the round-robin turn (each read only when the policy uses it),
+    and the leading prompt blocks each replica holds."""
     bound = cached = turn = None
     if session is not None and cfg.policy in (routing.SESSION, routing.SESSION_KV_AWARE):
         bound = await hub.redis.get(affinity_key(slug, session))
-    if hashes and cfg.policy in (routing.KV_AWARE, routing.SESSION_KV_AWARE):
+    if hashes:  # every policy: the prediction header and the quality counters need it too
         cached = await kv_blocks.cached_blocks(hub.redis, ids, hashes)
     if cfg.policy == routing.ROUND_ROBIN:
         turn = await hub.redis.incr(round_robin_key(slug))
