@@ -144,6 +144,19 @@ class BlockManager:
                     self.hash_to_block[h] = block.block_id
                     self._kv_changed(h, True)
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the blocks past those holding `seq`'s computed tokens (speculative drafts
+        the target rejected had their K/V written there). Those blocks were never hashed:
+        `mark_computed` hashes only full blocks of computed tokens, and rejected drafts never
+        count as computed. The kept last block may still hold rejected drafts' K/V past
+        `num_computed_tokens`; nothing reads it, and the next tokens overwrite it before the
+        block can fill and be hashed."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            bid = seq.block_table.pop()
+            assert self.blocks[bid].hash is None, "a block past the computed tokens was hashed"
+            self._release(bid)
+
     # -- release ------------------------------------------------------------------------------
     def _release(self, bid: int) -> None:
         """Drop one reference; a block nobody holds joins the LRU if the prefix cache knows it,

@@ -21,8 +21,9 @@ from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
 from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import SamplingParams
-from workers.engine.scheduler import Scheduler
+from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
+from workers.engine.spec import SpecStats, SpeculativeConfig, make_drafter
 from workers.protocol.model_files import served_context
 from workers.protocol.tokenizer import Tokenizer
 
@@ -48,6 +49,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
+        self.speculative = SpeculativeConfig.from_dict(config.speculative_config)  # refused before loading
         progress("reading config", 0.05)
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -75,6 +77,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.sampler = Sampler(config.seed)
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.drafter = make_drafter(self.speculative) if self.speculative else None
+        self.spec = SpecStats(self.speculative.num_speculative_tokens) if self.speculative else None
         self.requests: dict[str, Sequence] = {}
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
         self.held: dict[str, Sequence] = {}
@@ -201,22 +205,84 @@ class LLMEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(self._propose())
         if batch.is_empty:
             return []
         logits, sampling = self.runner.execute(batch)
         for item in batch.all:
-            self.block_manager.mark_computed(item.seq, item.num_tokens)
-        result = self.sampler(logits, [item.seq for item in sampling])
+            if not item.draft_token_ids:  # a verifying sequence's K/V is final once verified
+                self.block_manager.mark_computed(item.seq, item.num_tokens)
+        if not any(item.draft_token_ids for item in sampling):
+            result = self.sampler(logits, [item.seq for item in sampling])
+            self.num_generated_tokens += len(sampling)
+            return [
+                self._process(item.seq, [token], [logprobs])
+                for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True)
+            ]
+        return self._verify(logits, sampling)
+
+    def _propose(self) -> dict[Sequence, list[int]]:
+        """Drafts for this step's decoding sequences; none when the batch is too large for
+        speculation to pay. A sequence never gets more guesses than could be emitted: the
+        step emits up to one more token than it accepts, within max_tokens and the context."""
+        if self.drafter is None or len(self.scheduler.running) > self.speculative.disable_by_batch_size:
+            return {}
+        seqs, limits = [], []
+        for seq in self.scheduler.running:
+            if seq.num_computed_tokens != seq.num_tokens - 1:  # still prefilling
+                continue
+            room = min(self.speculative.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
+            if seq.params.max_tokens is not None:
+                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if room > 0:
+                seqs.append(seq)
+                limits.append(room)
+        if not seqs:
+            return {}
+        proposals = self.drafter.propose(seqs, limits)
+        return {seq: draft[:n] for seq, draft, n in zip(seqs, proposals, limits, strict=True) if draft}
+
+    def _verify(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[RequestDelta]:
+        """A step where some sequences verify drafts: their rows go to `Sampler.verify`, the
+        others' (one each) to the sampler as usual; deltas keep the batch order."""
+        plain_rows, verify_rows = [], []
+        row = 0
+        for item in sampling:
+            n = 1 + len(item.draft_token_ids)
+            (verify_rows if item.draft_token_ids else plain_rows).extend(range(row, row + n))
+            row += n
+        plain = [item for item in sampling if not item.draft_token_ids]
+        verifying = [item for item in sampling if item.draft_token_ids]
+        results = {}
+        if plain:
+            result = self.sampler(logits[plain_rows], [item.seq for item in plain])
+            for item, token, lp in zip(plain, result.token_ids, result.logprobs, strict=True):
+                results[id(item)] = ([token], [lp])
+        verified = self.sampler.verify(
+            logits[verify_rows], [item.seq for item in verifying], [item.draft_token_ids for item in verifying]
+        )
+        for item, result in zip(verifying, verified, strict=True):
+            results[id(item)] = (result.token_ids, result.logprobs)
+            self.spec.record(len(item.draft_token_ids), len(result.token_ids) - 1)
+        self.spec.num_verify_steps += 1
         deltas = []
-        for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
-            deltas.append(self._process(item.seq, [token], [logprobs]))
-        self.num_generated_tokens += len(sampling)
+        for item in sampling:
+            tokens, lps = results[id(item)]
+            deltas.append(self._process(item.seq, tokens, lps, verified=bool(item.draft_token_ids)))
+            self.num_generated_tokens += len(deltas[-1].new_token_ids)
         return deltas
 
-    def _process(self, seq: Sequence, token_ids: list[int], logprobs: list) -> RequestDelta:
-        """Hand `seq` its new tokens (OutputProcessor) and retire it if they finished it."""
+    def _process(self, seq: Sequence, token_ids: list[int], logprobs: list, verified: bool = False) -> RequestDelta:
+        """Hand `seq` its new tokens (OutputProcessor) and retire it if they finished it.
+
+        `verified`: the tokens come from verifying drafts. The K/V of the sequence's last token
+        and of each accepted draft it took is final now, so they count as computed (and full
+        blocks are hashed); the K/V of the rejected drafts (and of accepted ones dropped after a
+        stop) is rolled back, its blocks released (BlockManager.trim)."""
         delta = self.output.process(seq, token_ids, logprobs)
+        if verified:
+            self.block_manager.mark_computed(seq, len(delta.new_token_ids))
+            self.block_manager.trim(seq)
         if delta.finished:
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             self.requests.pop(seq.request_id, None)
@@ -246,3 +312,7 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             "generated_tokens": self.num_generated_tokens,
         }
+
+    def spec_stats(self) -> dict | None:
+        """Speculation's counters since start (spec/stats.py), or None when it is off."""
+        return self.spec.as_dict() if self.spec is not None else None

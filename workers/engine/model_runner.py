@@ -1,5 +1,11 @@
 """Runs the model on one scheduled batch: builds the flat token batch and attention metadata,
-owns the paged KV cache, and returns the logits of the sequences that sample this step."""
+owns the paged KV cache, and returns the logits of the sequences that sample this step.
+
+A decoding sequence that verifies k speculative drafts runs as a chunk of k+1 query tokens
+(its last token, then the drafts) through the same path as a chunked prefill: causal attention
+over its cached context plus the chunk, K/V written for all k+1 (the engine rolls back what is
+rejected); its logits are taken at all k+1 positions.
+"""
 
 from __future__ import annotations
 
@@ -72,7 +78,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """Returns (logits [n, vocab] fp32, the n scheduled sequences that sample, in order)."""
+        """Returns (logits fp32, the scheduled sequences that sample, in order). Each of
+        those has one row of logits, its last token's, or, when it verifies drafts, one row
+        per query token: its last token's, then each draft's."""
         items = batch.all
         input_ids: list[int] = []
         positions: list[int] = []
@@ -83,12 +91,14 @@ class ModelRunner:
         for item in items:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.token_ids[start : end - len(item.draft_token_ids)])
+            input_ids.extend(item.draft_token_ids)
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             if item.samples:
-                logits_indices.append(len(input_ids) - 1)
+                first = len(input_ids) - 1 - len(item.draft_token_ids)
+                logits_indices.extend(range(first, len(input_ids)))
                 sampling.append(item)
         num_prefill_tokens = sum(s.num_tokens for s in batch.prefills)
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_prefill_tokens=num_prefill_tokens)

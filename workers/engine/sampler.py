@@ -6,6 +6,9 @@ Greedy rows take the argmax of the penalised logits. Seeded rows draw from a
 its output whatever else shares the batch, and a request resumed on another replica after N
 tokens draws token N+1 exactly as the undisturbed run would have.
 Log-probabilities are those of the model (raw logits), as vLLM reports them.
+
+`verify` checks speculative drafts (spec/rejection.py) with the same per-row processing and the
+same seeded draws, so speculation changes no output distribution, and no seeded output.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.sampling_params import SamplingParams
+from workers.engine.spec.rejection import draw, rejection_sample
 
 
 @dataclass
@@ -68,6 +72,32 @@ def position_seed(seed: int, position: int) -> int:
     return z ^ (z >> 31)
 
 
+class Ahead:
+    """A sequence as it would stand after `draft` more tokens: what sampling the token after
+    them reads (penalties over its tokens, the seed's output position, its parameters)."""
+
+    __slots__ = ("draft", "seq")
+
+    def __init__(self, seq, draft: list[int]):
+        self.seq, self.draft = seq, draft
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.seq.params
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.seq.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.seq.num_output_tokens + len(self.draft)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids + self.draft if self.draft else self.seq.token_ids
+
+
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
@@ -77,38 +107,87 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs) -> SampleResult:
         """logits: [len(seqs), vocab] fp32 on any device; seqs: the Sequences, in row order."""
-        logits = logits.float()
-        want_logprobs = any(s.params.logprobs is not None for s in seqs)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        if any(s.params.has_penalties for s in seqs):
-            logits = logits.clone()
-            for row, s in enumerate(seqs):
-                if s.params.has_penalties:
-                    apply_penalties(logits[row], s.token_ids, s.num_prompt_tokens, s.params)
+        logits, raw_logprobs = self._prepare(logits, seqs)
         tokens = logits.argmax(dim=-1).tolist()
         for row, s in enumerate(seqs):
-            p = s.params
-            if p.greedy:
-                continue
-            scaled = top_k_top_p_min_p(logits[row] / p.temperature, p.top_k, p.top_p, p.min_p)
-            probs = scaled.softmax(-1).cpu()
-            # Exponential-race sampling: argmax(p / E) with E ~ Exp(1) draws from p.
-            generator = self.generator
-            if p.seed is not None:
-                generator = self.seeded.manual_seed(position_seed(p.seed, s.num_output_tokens))
-            noise = torch.empty_like(probs).exponential_(generator=generator)
-            tokens[row] = int((probs / noise).argmax())
+            if not s.params.greedy:
+                tokens[row] = draw(self._probs(logits[row], s.params), self._generator(s))
         logprobs: list[dict[int, float] | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             for row, s in enumerate(seqs):
-                n = s.params.logprobs
-                if n is None:
-                    continue
-                lp = raw_logprobs[row]
-                entry: dict[int, float] = {}
-                if n > 0:
-                    top = torch.topk(lp, min(n, lp.shape[-1]))  # a vocabulary smaller than n has no more
-                    entry = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-                entry[tokens[row]] = float(lp[tokens[row]])
-                logprobs[row] = entry
+                if s.params.logprobs is not None:
+                    logprobs[row] = _logprob_entry(raw_logprobs[row], s.params.logprobs, tokens[row])
         return SampleResult(tokens, logprobs)
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        seqs,
+        drafts: list[list[int]],
+        draft_probs: list[torch.Tensor | None] | None = None,
+    ) -> list[SampleResult]:
+        """Speculative verification (spec/rejection.py). `logits` has len(drafts[i]) + 1 rows
+        per sequence, in order: row j is the target's prediction after the sequence's tokens
+        and drafts[i][:j]. Each row is processed exactly as `__call__` would process the
+        sequence at that point (its penalties count the drafts before it; a seed draws for
+        that output position). Returns, per sequence, the tokens to emit (1 to k+1) and their
+        logprobs from the target's raw logits."""
+        rows = [Ahead(seq, draft[:j]) for seq, draft in zip(seqs, drafts, strict=True) for j in range(len(draft) + 1)]
+        logits, raw_logprobs = self._prepare(logits, rows)
+        argmax = logits.argmax(dim=-1).tolist()
+        results = []
+        first = 0
+        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+            p = seq.params
+            if p.greedy:
+                emitted = []
+                for j, token in enumerate(argmax[first : first + len(draft) + 1]):
+                    emitted.append(token)
+                    if j == len(draft) or token != draft[j]:
+                        break
+            else:
+                emitted = rejection_sample(
+                    lambda j, first=first, p=p: self._probs(logits[first + j], p),
+                    draft,
+                    draft_probs[i] if draft_probs else None,
+                    lambda j, first=first: self._generator(rows[first + j]),
+                )
+            entries: list[dict[int, float] | None] = [None] * len(emitted)
+            if raw_logprobs is not None and p.logprobs is not None:
+                entries = [_logprob_entry(raw_logprobs[first + j], p.logprobs, t) for j, t in enumerate(emitted)]
+            results.append(SampleResult(emitted, entries))
+            first += len(draft) + 1
+        return results
+
+    @staticmethod
+    def _prepare(logits: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(penalised fp32 logits, raw logprobs or None when no row asks for them)."""
+        logits = logits.float()
+        want_logprobs = any(s.params.logprobs is not None for s in rows)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        if any(s.params.has_penalties for s in rows):
+            logits = logits.clone()
+            for row, s in enumerate(rows):
+                if s.params.has_penalties:
+                    apply_penalties(logits[row], s.token_ids, s.num_prompt_tokens, s.params)
+        return logits, raw_logprobs
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+        """One row's sampling distribution (on the CPU): temperature, then the filters."""
+        return top_k_top_p_min_p(logits / p.temperature, p.top_k, p.top_p, p.min_p).softmax(-1).cpu()
+
+    def _generator(self, s) -> torch.Generator:
+        if s.params.seed is None:
+            return self.generator
+        return self.seeded.manual_seed(position_seed(s.params.seed, s.num_output_tokens))
+
+
+def _logprob_entry(lp: torch.Tensor, n: int, token: int) -> dict[int, float]:
+    """The top `n` logprobs of a row, and always the emitted token's."""
+    entry: dict[int, float] = {}
+    if n > 0:
+        top = torch.topk(lp, min(n, lp.shape[-1]))  # a vocabulary smaller than n has no more
+        entry = dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    entry[token] = float(lp[token])
+    return entry

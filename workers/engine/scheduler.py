@@ -5,6 +5,8 @@ Policy, per step, under a token budget (`max_num_batched_tokens`):
    prefilling (a long prompt, or a preempted sequence recomputing) computes the next chunk.
    When the KV cache cannot grow, the youngest running sequence is preempted: its blocks are
    freed and it goes back to the front of the queue to be recomputed later.
+   Speculative drafts then extend decoding sequences with the budget and blocks left (a draft
+   never causes a preemption).
 2. Then waiting sequences join, oldest first, while the budget, the sequence limit and free
    blocks allow; each reuses its cached prefix and prefills in chunks.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.sequence import Sequence, SequenceStatus
@@ -22,17 +24,20 @@ from workers.engine.sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_tokens: int  # tokens computed for it this step, from seq.num_computed_tokens
+    num_tokens: int  # query tokens this step, from seq.num_computed_tokens (drafts included)
+    # Speculative guesses verified this step: they follow the sequence's last token as query
+    # tokens, and logits are taken at every one of those positions.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """This chunk reaches the sequence's last token, so its logits give the next one."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_tokens - len(self.draft_token_ids) == self.seq.num_tokens
 
 
 @dataclass
 class SchedulerOutput:
-    prefills: list[ScheduledSeq]  # chunks of more than one token
+    prefills: list[ScheduledSeq]  # chunks of more than one token (a decode with drafts too)
     decodes: list[ScheduledSeq]  # one token each
     preempted: list[Sequence]
 
@@ -86,7 +91,10 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[Sequence, list[int]] | None = None) -> SchedulerOutput:
+        """`drafts`: speculative guesses for decoding sequences, verified this step when the
+        budget and free blocks allow (trimmed otherwise). They are placed after every running
+        sequence has its one token, so a guess never preempts a sequence."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
@@ -108,6 +116,9 @@ class Scheduler:
                 scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
 
+        if drafts:
+            budget = self._add_drafts(scheduled, drafts, budget)
+
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             cached = bm.allocate(seq, budget)
@@ -125,3 +136,19 @@ class Scheduler:
         prefills = [s for s in scheduled if s.num_tokens > 1]
         decodes = [s for s in scheduled if s.num_tokens == 1]
         return SchedulerOutput(prefills, decodes, preempted)
+
+    def _add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[Sequence, list[int]], budget: int) -> int:
+        bm = self.block_manager
+        for item in scheduled:
+            draft = drafts.get(item.seq)
+            if not draft or budget <= 0 or item.num_tokens != 1 or not item.samples:
+                continue
+            seq = item.seq
+            # As many guesses as the budget and the blocks it has or can get will hold.
+            room = (len(seq.block_table) + bm.num_free_blocks) * bm.block_size - seq.num_computed_tokens - 1
+            draft = draft[: min(budget, room)]
+            if draft and bm.ensure_slots(seq, 1 + len(draft)):
+                item.num_tokens += len(draft)
+                item.draft_token_ids = list(draft)
+                budget -= len(draft)
+        return budget
