@@ -49,7 +49,21 @@ def main(argv=None) -> int:
     ch.add_argument("--stream-tokens", type=int, default=16, help="tokens per concurrent stream")
     ch.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ch.add_argument("--json", action="store_true", help="print only the JSON line")
+    ca = sub.add_parser("cache", help="prompt-cache hit rate and TTFT of each routing policy on an agent trace")
+    ca.add_argument("--policies", default="round_robin,least_loaded,session,kv_aware,session+kv_aware",
+                    help="routing policies to replay the trace under, in order, comma-separated")  # fmt: skip
+    ca.add_argument("--sessions", type=int, help="root sessions of the trace (default: the trace's own)")
+    ca.add_argument("--seed", type=int, default=13, help="the trace's seed")
+    ca.add_argument("--quick", action="store_true", help="a tiny trace (for smoke runs)")
+    ca.add_argument("--restart", action="store_true",
+                    help="scale to 0 and back between policies instead of relabelling the tokens")  # fmt: skip
+    ca.add_argument("--keep", action="store_true", help="keep the state directory and logs")
+    ca.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "cache":
+        from workers.bench.cache import run
+
+        return run(args)
     if args.name == "chaos":
         from workers.bench.chaos import run
 

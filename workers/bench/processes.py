@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -49,6 +51,22 @@ def start_replica(spec, workdir: Path, env: dict | None = None, core: int | None
         preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
     )
     return process, log
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """os.environ with `values` set, restored on exit: for processes started inside that read
+    their settings from the environment they inherit (a node agent's REPLICA_* variables)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def percentile(values: list[float], q: float) -> float:
