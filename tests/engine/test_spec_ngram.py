@@ -1,6 +1,7 @@
 """The n-gram (prompt lookup) drafter and the speculative_config it is built from."""
 
-import numpy as np
+import random
+
 import pytest
 
 from workers.engine import RequestError, SamplingParams
@@ -10,7 +11,7 @@ from workers.engine.spec.ngram import ngram_propose
 
 
 def propose(tokens, k=3, min_n=1, max_n=4):
-    return ngram_propose(np.array(tokens, dtype=np.int64), min_n, max_n, k)
+    return ngram_propose(tokens, min_n, max_n, k)
 
 
 def test_no_match_proposes_nothing():
@@ -56,6 +57,32 @@ def test_overlapping_match_of_a_run():
 def test_match_right_before_the_end():
     # The most recent earlier occurrence of [5] ends just before the last token: it continues with 5.
     assert propose([2, 5, 5], k=2, min_n=1, max_n=1) == [5, 5]
+
+
+def test_a_match_straddling_two_tokens_bytes_is_not_a_match():
+    # The search runs over 4 bytes a token (little-endian): [0x05000000, 0] is 00 00 00 05 00 00
+    # 00 00, which holds the bytes of token 5 (05 00 00 00) one byte short of a token boundary.
+    assert propose([0x05000000, 0, 9, 5], k=2, min_n=1, max_n=1) == []
+    assert propose([5, 7, 0x05000000, 0, 9, 5], k=2, min_n=1, max_n=1) == [7, 0x05000000]
+
+
+def test_agrees_with_a_plain_search_on_random_histories():
+    def plain(tokens, min_n, max_n, k):
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+            for i in range(len(tokens) - n - 1, -1, -1):
+                if tokens[i : i + n] == tokens[len(tokens) - n :]:
+                    ext = list(tokens)
+                    for j in range(k):
+                        ext.append(ext[i + n + j])
+                    return ext[len(tokens) :]
+        return []
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        tokens = [rng.randrange(rng.choice((2, 4, 300))) for _ in range(rng.randrange(1, 40))]
+        min_n = rng.randrange(1, 4)
+        max_n = rng.randrange(min_n, 6)
+        assert propose(tokens, 4, min_n, max_n) == plain(tokens, min_n, max_n, 4)
 
 
 def test_drafter_caps_each_sequence_at_its_limit():
