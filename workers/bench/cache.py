@@ -354,8 +354,7 @@ def _details(results: list[Result], wall: float, ids: list[int], counters: dict,
         # Distinct prompt blocks a replica computed or reused (the trace's labels: a bijection of
         # the run's): more than its capacity, and it must have evicted some.
         blocks.setdefault(r.replica, set()).update(trace.block_hashes(r.session, r.turn, BLOCK_SIZE))
-        reason = r.reason.split(";")[0]
-        reasons[reason] = reasons.get(reason, 0) + 1
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
     predicted = sum(r.predicted or 0 for r in ok)
     actual = sum(r.cached_tokens for r in ok)
     routed = counters.get(ROUTED, 0)
