@@ -101,6 +101,8 @@ def test_config_builds_the_drafter():
     drafter = make_drafter(config)
     assert isinstance(drafter, NgramDrafter)
     assert (drafter.k, drafter.min_n, drafter.max_n) == (3, 2, 5)
+    defaults = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert (defaults.prompt_lookup_min, defaults.prompt_lookup_max, defaults.disable_by_batch_size) == (2, 4, 4)
     assert SpeculativeConfig.from_dict(None) is None
     assert SpeculativeConfig.from_dict({}) is None
 

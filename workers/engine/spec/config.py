@@ -16,9 +16,10 @@ from workers.engine.errors import RequestError
 
 METHODS = ("ngram", "eagle3")
 MAX_SPECULATIVE_TOKENS = 16
-# Measured on the 2-core CPU (docs/engine.md): a verify step of k+1 tokens per sequence stays
-# within ~1.4x of a plain decode step up to batch 4 and then grows with the batch, so beyond it
-# the acceptance seen here (1.3-3 tokens a step) no longer pays.
+# Measured on the 2-core CPU (docs/engine.md, k = 3, every draft rejected): a verify step costs
+# 1.26x a plain decode step at batch 1, 1.5x at 2, 1.85x at 4, 2.5x at 8 (demo model; SmolLM-135M's
+# shape alike). n-gram runs on copy-heavy text yield ~2.5-3 tokens a draft, so speculation pays up
+# to 4 running sequences and no longer at 8 (the tool-call workload ran 0.91x there).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 
 
@@ -26,7 +27,9 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int = 1
+    # 2: on the demo model's chat answers every 1-gram guess was rejected (pure cost), while
+    # tool calls copied from the conversation ran as fast with 2 as with 1.
+    prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
 
