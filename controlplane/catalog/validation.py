@@ -9,12 +9,11 @@ directory must be under (MODEL_ROOTS).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.protocol.draft_models import safetensors_header
 from workers.protocol.model_files import (
     ModelDirectoryError,
     architecture,
@@ -36,18 +35,7 @@ class ModelInfo:
 
 
 def _safetensors_params(path: Path) -> int:
-    with path.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ModelDirectoryError(f"{path.name} is not a safetensors file (too short)")
-        (length,) = struct.unpack("<Q", raw)
-        if length > 100 << 20:
-            raise ModelDirectoryError(f"{path.name} has an implausible header; the file is corrupt")
-        try:
-            header = json.loads(f.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelDirectoryError(f"{path.name} has an unreadable header ({exc})") from exc
-    return sum(math.prod(meta.get("shape", [])) for name, meta in header.items() if name != "__metadata__")
+    return sum(math.prod(meta.get("shape", [])) for meta in safetensors_header(path).values())
 
 
 def check_under_roots(source: str, roots: list[str]) -> Path:

@@ -108,3 +108,59 @@ def build_checkpoint(
     model.save_pretrained(directory, **save)
     build_tokenizer(directory, vocab_size)
     return directory
+
+
+def build_eagle3_head(
+    directory: Path,
+    target_dir: Path,
+    draft_vocab_size: int | None = None,
+    aux_layer_ids: list[int] | None = None,
+    seed: int = 1,
+    **overrides,
+) -> Path:
+    """A random-weight EAGLE-3 head for the target in `target_dir`, in the SpecForge layout
+    (workers/protocol/draft_models.py). With a smaller `draft_vocab_size` the draft vocabulary
+    is the first target ids (d2t all zeros, t2d true for those)."""
+    from safetensors.torch import save_file
+
+    from workers.protocol.draft_models import Eagle3Spec, expected_shapes
+
+    target = json.loads((target_dir / "config.json").read_text())
+    vocab = target["vocab_size"]
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": target["hidden_size"],
+        "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target.get("num_key_value_heads", target["num_attention_heads"]),
+        "head_dim": target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"],
+        "intermediate_size": target["intermediate_size"],
+        "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
+        "rope_theta": target.get("rope_theta", 10000.0),
+        "max_position_embeddings": target.get("max_position_embeddings", 2048),
+        "num_hidden_layers": 1,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab_size or vocab,
+        "torch_dtype": "float32",
+    }
+    if aux_layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layer_ids, "use_aux_hidden_state": True}
+    config.update(overrides)
+    spec = Eagle3Spec.from_config(config)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in expected_shapes(spec).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape)
+        elif name == "d2t":
+            tensors[name] = torch.zeros(shape, dtype=torch.int64)
+        else:
+            tensors[name] = torch.randn(shape, generator=generator) * 0.2
+    if spec.draft_vocab_size != vocab:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[: spec.draft_vocab_size] = True
+        tensors["t2d"] = t2d
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
