@@ -59,7 +59,21 @@ def main(argv=None) -> int:
                     help="scale to 0 and back between policies instead of relabelling the tokens")  # fmt: skip
     ca.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ca.add_argument("--json", action="store_true", help="print only the JSON line")
+    sp = sub.add_parser("spec", help="speculative decoding (none / ngram / eagle3) on the demo model, batch 1 and 8")
+    sp.add_argument("--model", default=None, help="target model directory (default: the demo model)")
+    sp.add_argument("--draft", default=None, help="EAGLE-3 draft head directory (default: workers/demo/draft)")
+    sp.add_argument("--methods", default="none,ngram,eagle3", help="comma-separated; none is the baseline")
+    sp.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="drafts per step")
+    sp.add_argument("--rounds", type=int, help="rounds of every method (default 7, --quick 2)")
+    sp.add_argument("--threads", type=int, default=1, help="torch threads, the same for every engine")
+    sp.add_argument("--seed", type=int, default=1405, help="the workloads' corpus seed (the model trained on 0)")
+    sp.add_argument("--quick", action="store_true", help="few prompts, two rounds (for smoke runs)")
+    sp.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "spec":
+        from workers.bench.spec import run
+
+        return run(args)
     if args.name == "cache":
         from workers.bench.cache import run
 
