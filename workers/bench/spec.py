@@ -91,8 +91,11 @@ class Pass:
     tokens: list[list[int]]
     seconds: float
     spec: dict | None  # spec_stats() counters of this pass alone
-    # Batch 1 only: seconds of each engine step by kind, and of each draft run.
-    steps: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": [], "verify": []})
+    # Batch 1 only: seconds of each engine step by kind (a verify step without its draft run; a
+    # short one verified fewer than k drafts), and of each draft run of k tokens.
+    steps: dict[str, list[float]] = field(
+        default_factory=lambda: {"prefill": [], "decode": [], "verify": [], "verify_short": []}
+    )
     draft_seconds: list[float] = field(default_factory=list)
 
     @property
@@ -155,7 +158,9 @@ class Engine:
                     elif self.last_draft and self.last_draft[1] == self.k:
                         out.steps["verify"].append(dt - self.last_draft[0])
                         out.draft_seconds.append(self.last_draft[0])
-                    elif not self.last_draft or not self.last_draft[1]:
+                    elif self.last_draft and self.last_draft[1]:
+                        out.steps["verify_short"].append(dt - self.last_draft[0])
+                    else:  # nothing drafted (or no drafter): a plain decode step
                         out.steps["decode"].append(dt - (self.last_draft[0] if self.last_draft else 0.0))
                 first = False
             out.tokens.extend(tokens[rid] for rid in rids)
@@ -356,35 +361,42 @@ def _targets(rows: list[dict], methods: list[str]) -> list[str]:
 
 
 def _bounds(results, rows, methods, k: int) -> list[str]:
+    """Per workload at batch 1: the target's decode and prefill steps (none's engine), each
+    method's verify step and draft run, and what they allow at the measured acceptance length L."""
     lines = []
     for workload in WORKLOADS:
         none = results[(workload, 1, "none")]
         decode = _median([s for p in none for s in p.steps["decode"]])
         prefill = _median([s for p in none for s in p.steps["prefill"]])
-        if decode is None:
-            continue
-        lines.append(f"{workload}: target decode step {decode * 1e3:.2f} ms, prefill step {prefill * 1e3:.2f} ms")
+        n = _row(rows, workload, 1, "none")["_tokens_out"]
+        lines.append(f"{workload} (none): decode step {decode * 1e3:.2f} ms, prefill step {prefill * 1e3:.2f} ms")
         for method in methods[1:]:
             passes = results[(workload, 1, method)]
             verify = _median([s for p in passes for s in p.steps["verify"]])
-            draft = _median([s for p in passes for s in p.draft_seconds])
+            draft = _median(p_draft := [s for p in passes for s in p.draft_seconds])
             length = _row(rows, workload, 1, method)["acceptance_length"]
             if verify is None or length is None:
                 lines.append(f"  {method}: no step verified {k} drafts")
                 continue
-            ceiling = length * decode / (verify + draft)
-            # With this workload's prefill: one prefill step, then n - 1 tokens by decode steps
-            # or by draft runs of L tokens each.
-            n = _row(rows, workload, 1, "none")["_tokens_out"]
+            verified = len(p_draft) + sum(len(p.steps["verify_short"]) for p in passes)
+            share = verified / (verified + sum(len(p.steps["decode"]) for p in passes))
+            cost = (verify + draft) / decode  # of a draft run and its verification, in decode steps
+            # Every step after the prefill verifying k drafts: a draft run yields L tokens for
+            # `cost` decode steps' time. With this workload's prefill: one prefill step, then
+            # n - 1 tokens by draft runs of L tokens each (the method's own prefill step).
+            ceiling = length / cost
             m_prefill = _median([s for p in passes for s in p.steps["prefill"]])
             e2e = (prefill + (n - 1) * decode) / (m_prefill + (n - 1) / length * (verify + draft))
             measured = _row(rows, workload, 1, method)["speedup"]
             lines.append(
                 f"  {method}: verify step ({k + 1} query tokens) {verify * 1e3:.2f} ms = {verify / decode:.2f}x "
-                f"decode; draft run ({k} tokens) {draft * 1e3:.3f} ms = {draft / decode:.2f}x; L = {length:.2f}"
+                f"decode; draft run ({k} tokens) {draft * 1e3:.3f} ms = {draft / decode:.2f}x; "
+                f"{share:.0%} of decode steps verified drafts; L = {length:.2f}"
             )
+            targets = [t for (m, w), t in TARGET_SPEEDUP_B1.items() if (m, w) == (method, workload)]
             lines.append(
-                f"    ceiling L * decode / (verify + draft) = {ceiling:.2f}x decoding; {e2e:.2f}x with this workload's "
-                f"prefill ({n:.1f} tokens a prompt); measured {measured:.2f}x"
+                f"    ceiling with every step drafting: L / {cost:.2f} = {ceiling:.2f}x ({e2e:.2f}x with the prefill "
+                f"of {n:.1f}-token answers); measured {measured:.2f}x; pays from L = {cost:.2f}"
+                + "".join(f", {t}x needs L >= {t * cost:.2f} (k + 1 = {k + 1} at most)" for t in targets)
             )
     return lines
