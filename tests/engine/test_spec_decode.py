@@ -433,7 +433,7 @@ def test_stats_and_configuration(checkpoint_factory, llama_dir):
     assert make(llama_dir, False).engine.spec_stats() is None
     stats = make(llama_dir, True).engine.spec_stats()
     assert stats["drafted_per_position"] == [0, 0, 0] and stats["mean_acceptance_length"] is None
-    with pytest.raises(RequestError, match="'eagle3' is not built yet"):
+    with pytest.raises(RequestError, match="'eagle3' needs 'model'"):
         LLM(str(llama_dir), speculative_config={"method": "eagle3", "num_speculative_tokens": 3})
     with pytest.raises(RequestError, match="unknown speculative method 'medusa'"):
         LLM(str(llama_dir), speculative_config={"method": "medusa", "num_speculative_tokens": 3})

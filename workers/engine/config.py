@@ -96,7 +96,7 @@ class ModelConfig:
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 max_context=max_context(raw),
-                rope=_rope_from(raw),
+                rope=rope_from(raw),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 qk_norm=arch == "Qwen3ForCausalLM",
@@ -109,7 +109,7 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: missing or invalid field {exc}") from exc
 
 
-def _rope_from(raw: dict) -> RopeConfig:
+def rope_from(raw: dict) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or {})
     scaling = raw.get("rope_scaling") or {}
     params = {**scaling, **params}

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.engine.spec import SpecStats, SpeculativeConfig, make_drafter
-from workers.protocol.model_files import served_context
+from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.sampler = Sampler(config.seed)
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.drafter = make_drafter(self.speculative) if self.speculative else None
+        self.drafter = None
+        if self.speculative:
+            progress("loading the draft", 0.9)
+            self.drafter = make_drafter(
+                self.speculative, self.model, read_config(config.model), self.device, self.dtype
+            )
         self.spec = SpecStats(self.speculative.num_speculative_tokens) if self.speculative else None
         self.requests: dict[str, Sequence] = {}
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
@@ -198,6 +204,8 @@ class LLMEngine:
         seq.hold_blocks = False
         seq.finish_reason = "abort"
         self.scheduler.finish(seq)
+        if self.drafter is not None:
+            self.drafter.release(seq)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -205,9 +213,13 @@ class LLMEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        batch = self.scheduler.schedule(self._propose())
+        speculating = self._speculating()
+        drafts = self._propose() if speculating else {}
+        batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
             return []
+        starts = [item.seq.num_computed_tokens for item in batch.all]
+        verify_started = time.perf_counter()
         logits, sampling = self.runner.execute(batch)
         for item in batch.all:
             if not item.draft_token_ids:  # a verifying sequence's K/V is final once verified
@@ -215,18 +227,42 @@ class LLMEngine:
         if not any(item.draft_token_ids for item in sampling):
             result = self.sampler(logits, [item.seq for item in sampling])
             self.num_generated_tokens += len(sampling)
-            return [
+            deltas = [
                 self._process(item.seq, [token], [logprobs])
                 for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True)
             ]
-        return self._verify(logits, sampling)
+        else:
+            deltas = self._verify(logits, sampling)
+            self.spec.verify_seconds += time.perf_counter() - verify_started
+        if speculating and self.drafter.aux_layer_ids is not None:
+            self._observe(batch, starts)
+        return deltas
+
+    def _speculating(self) -> bool:
+        """Whether this step drafts: speculation is on and the batch small enough to pay."""
+        return self.drafter is not None and len(self.scheduler.running) <= self.speculative.disable_by_batch_size
+
+    def _observe(self, batch, starts: list[int]) -> None:
+        """Hand a hidden-state drafter each sequence's aux rows for the positions whose K/V the
+        step kept (all of a prefill chunk or decode; a verify's last token and accepted drafts)."""
+        started = time.perf_counter()
+        aux = self.runner.aux_hidden_states
+        row = 0
+        for item, start in zip(batch.all, starts, strict=True):
+            seq = item.seq
+            if seq.is_finished:
+                self.drafter.release(seq)
+            else:
+                kept = seq.num_computed_tokens - start
+                self.drafter.observe(seq, start, aux[row : row + kept])
+            row += item.num_tokens
+        self.spec.draft_seconds += time.perf_counter() - started
 
     def _propose(self) -> dict[Sequence, list[int]]:
-        """Drafts for this step's decoding sequences; none when the batch is too large for
-        speculation to pay. A sequence never gets more guesses than could be emitted: the
-        step emits up to one more token than it accepts, within max_tokens and the context."""
-        if self.drafter is None or len(self.scheduler.running) > self.speculative.disable_by_batch_size:
-            return {}
+        """Drafts for this step's decoding sequences. A sequence never gets more guesses than
+        could be emitted: the step emits up to one more token than it accepts, within
+        max_tokens and the context."""
+        started = time.perf_counter()
         seqs, limits = [], []
         for seq in self.scheduler.running:
             if seq.num_computed_tokens != seq.num_tokens - 1:  # still prefilling
@@ -240,6 +276,7 @@ class LLMEngine:
         if not seqs:
             return {}
         proposals = self.drafter.propose(seqs, limits)
+        self.spec.draft_seconds += time.perf_counter() - started
         return {seq: draft[:n] for seq, draft, n in zip(seqs, proposals, limits, strict=True) if draft}
 
     def _verify(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[RequestDelta]:
@@ -284,6 +321,8 @@ class LLMEngine:
             self.block_manager.mark_computed(seq, len(delta.new_token_ids))
             self.block_manager.trim(seq)
         if delta.finished:
+            if self.drafter is not None:
+                self.drafter.release(seq)
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             self.requests.pop(seq.request_id, None)
             if seq.hold_blocks:

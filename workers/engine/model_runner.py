@@ -53,6 +53,7 @@ class ModelRunner:
         self.cfg = cfg
         self.device = device
         self.block_size = engine.block_size
+        self.aux_hidden_states: torch.Tensor | None = None
         # One tensor for all layers: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim].
         self.kv_cache = torch.zeros(
             cfg.num_layers,
@@ -119,4 +120,7 @@ class ModelRunner:
                     meta.decode_block_tables, meta.decode_context_lens, self.block_size, self.kv_cache.dtype
                 )
         logits = self.model(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices))
+        # With an EAGLE-3 drafter: the target's hidden states at its aux layers, one row per
+        # token computed, in batch order (the engine hands each sequence its rows).
+        self.aux_hidden_states = self.model.aux_hidden_states
         return logits, sampling

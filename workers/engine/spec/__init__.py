@@ -1,6 +1,7 @@
 """Speculative decoding: drafters guess a few tokens, the target verifies them in one pass.
 
-`config` (speculative_config), `drafter` (the interface), `ngram` (prompt lookup),
+`config` (speculative_config), `drafter` (the interface), `ngram` (prompt lookup), `eagle3`
+(a draft head over the target's hidden states),
 `rejection` (lossless verification), `stats` (counters). The engine wires them together
 (llm_engine.py); the scheduler and model runner carry the drafts through one forward pass.
 """
@@ -11,10 +12,17 @@ from workers.engine.spec.ngram import NgramDrafter
 from workers.engine.spec.stats import SpecStats
 
 
-def make_drafter(config: SpeculativeConfig) -> Drafter:
+def make_drafter(config: SpeculativeConfig, target, target_config: dict, device, dtype) -> Drafter:
+    """The drafter for `config`; an EAGLE-3 head is loaded (checked against the target, whose
+    embedding it shares unless it has its own) and the target told which layers to keep."""
     if config.method == "ngram":
         return NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
-    raise ValueError(f"no drafter for method {config.method!r}")  # SpeculativeConfig refused it already
+    from workers.engine.spec.eagle3 import Eagle3Drafter, load_eagle3
+
+    head = load_eagle3(config.model, target_config, target.model.embed_tokens, device, dtype)
+    layers = head.spec.aux_layers(len(target.model.layers))
+    target.capture_aux_hidden_states(layers)
+    return Eagle3Drafter(head, config.num_speculative_tokens, layers)
 
 
 __all__ = ["Drafter", "NgramDrafter", "SpecStats", "SpeculativeConfig", "make_drafter"]

@@ -1,7 +1,9 @@
 """`speculative_config`, in vLLM's spelling, checked once when the engine starts.
 
     LLM(model=..., speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                       "prompt_lookup_min": 1, "prompt_lookup_max": 4})
+                                       "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    LLM(model=..., speculative_config={"method": "eagle3", "model": DRAFT_DIR,
+                                       "num_speculative_tokens": 3})
 
 `disable_by_batch_size` (vLLM's name too): a step with more running sequences than this
 verifies no drafts, because at that batch the extra query tokens cost more than the accepted
@@ -32,6 +34,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    model: str | None = None  # eagle3: the draft head's directory
 
     @classmethod
     def from_dict(cls, raw: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -44,18 +47,20 @@ class SpeculativeConfig:
             return None
         raw = dict(raw)
         method = raw.pop("method", None)
-        if method == "eagle3":
-            raise RequestError("speculative method 'eagle3' is not built yet; use 'ngram'")
         if method not in METHODS:
             raise RequestError(f"unknown speculative method {method!r}; choose one of {', '.join(METHODS)}")
         known = {f.name for f in fields(cls)} - {"method"}
+        known -= {"model"} if method == "ngram" else {"prompt_lookup_min", "prompt_lookup_max"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise RequestError(f"speculative_config: unknown keys {unknown} for method {method!r}")
         if "num_speculative_tokens" not in raw:
             raise RequestError("speculative_config needs num_speculative_tokens")
+        model = raw.pop("model", None)
+        if method == "eagle3" and (not isinstance(model, str) or not model):
+            raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
         values = {name: _positive_int(name, value) for name, value in raw.items()}
-        config = cls(method=method, **values)
+        config = cls(method=method, model=model, **values)
         if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise RequestError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}")
         if config.prompt_lookup_min > config.prompt_lookup_max:

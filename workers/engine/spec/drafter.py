@@ -6,13 +6,12 @@ enough for speculation to pay), each with the most tokens it may guess (k, fewer
 forward pass (llm_engine.LLMEngine.step). A guess costs a query token whether or not it is
 accepted, so a drafter with nothing good to say proposes nothing.
 
-The EAGLE-3 drafter (not built yet) also reads the target's hidden states at a low, a middle
-and a high layer for the tokens accepted so far. It will name those layers, the model runner
-will return those layers' hidden states at the positions it computed, and the engine will give
-the drafter the rows of the accepted tokens after verification, before the next `propose`;
-it keeps them per sequence (and drops them when a sequence finishes or is preempted, as its
-own draft KV). Deterministic guesses need no probabilities: a drafter that samples its guesses
-would return its q as well (spec/rejection.py takes it).
+A drafter that reads the target's hidden states (EAGLE-3, spec/eagle3.py) names the target
+layers in `aux_layer_ids`; the model runner then returns those layers' outputs for every token
+it computes, and after the step the engine hands each sequence the rows it kept (`observe`:
+prefill chunks, a decode's token, a verify's last token and accepted drafts). Deterministic
+guesses need no probabilities: a drafter that samples its guesses would return its q as well
+(spec/rejection.py takes it).
 """
 
 from __future__ import annotations
@@ -20,11 +19,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from workers.engine.sequence import Sequence
 
 
 class Drafter:
+    # Target layers whose hidden states this drafter reads (None: it reads none).
+    aux_layer_ids: tuple[int, ...] | None = None
+
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
         """For each sequence, at most `max_tokens[i]` (≥ 1) guesses of its next tokens, in
         order; an empty list when it has none."""
         raise NotImplementedError
+
+    def observe(self, seq: Sequence, start: int, aux_hidden: torch.Tensor) -> None:
+        """The target's aux-layer states [n, ...] at positions start..start+n-1 of `seq`, whose
+        K/V it kept this step (only called when `aux_layer_ids` is set)."""
+
+    def release(self, seq: Sequence) -> None:
+        """`seq` finished or was aborted: drop what is kept for it."""

@@ -9,6 +9,8 @@ class SpecStats:
         self.num_drafts = 0  # draft runs verified (one per sequence per such step)
         self.drafted = [0] * k  # draft runs that reached position j (0-based)
         self.accepted = [0] * k  # ... and whose draft at position j was accepted
+        self.draft_seconds = 0.0  # proposing drafts (and, for EAGLE-3, feeding the head)
+        self.verify_seconds = 0.0  # target steps that verified drafts, sampling included
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """One sequence's draft run: `num_drafted` guesses, the first `num_accepted` accepted."""
@@ -31,4 +33,6 @@ class SpecStats:
             # Tokens a draft run yields: its accepted drafts plus the target's own token.
             "mean_acceptance_length": 1 + accepted / self.num_drafts if self.num_drafts else None,
             "acceptance_rate": accepted / drafted if drafted else None,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
         }

@@ -1,0 +1,258 @@
+"""EAGLE-3: a one-layer draft head that reads the target's own hidden states.
+
+The head (Li et al., "EAGLE-3", 2025) fuses the target's hidden states at a low, a middle and
+a high layer (`fc`: 3·target_hidden → hidden), and runs one decoder layer whose attention input
+is the token's embedding and that fused state side by side (2·hidden wide); its LM head speaks
+a reduced draft vocabulary, mapped to target ids by `d2t`. The checkpoint layout is the public
+one (workers/protocol/draft_models.py reads and checks it without torch).
+
+One head entry per position p: the target's fused state at p with the token at p+1, predicting
+the token at p+2 (positions and tokens as vLLM pairs them). Drafting a run of k:
+
+    observe  after each target step, the rows the target computed and kept (prefill chunks,
+             a decode's last token, a verify's last token and its accepted drafts) go through
+             the head once, in one chunk per sequence; their K/V is kept as the head's context.
+    propose  the last entry's output gives the first guess; each further guess feeds the
+             previous entry's output state (no fc: it is already `hidden` wide) with the guess
+             just made, one position on. Those entries' K/V is thrown away after the run.
+
+The head's context lives per sequence in plain tensors, not the paged cache: it holds only
+positions whose target states this engine computed, so a prefix-cache hit or a prompt another
+replica prefilled starts it partway (drafts are then a little worse, never wrong: the target
+verifies every guess). It is also dropped in steps too large to speculate, where feeding it
+would cost a quarter of a 4-layer target step for nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.engine import kernels
+from workers.engine.config import RopeConfig, rope_from
+from workers.engine.errors import ModelLoadError
+from workers.engine.layers.linear import Linear
+from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.sequence import Sequence
+from workers.engine.spec.drafter import Drafter
+from workers.protocol.draft_models import Eagle3Spec, read_eagle3
+from workers.protocol.model_files import ModelDirectoryError, read_config
+
+# Each of our parameters → the checkpoint tensors it is made of (stacked in row order: q/k/v and
+# gate/up are fused, one matmul each).
+_CHECKPOINT_NAMES = {
+    "fc.weight": ("fc.weight",),
+    "input_layernorm.weight": ("midlayer.input_layernorm.weight",),
+    "hidden_norm.weight": ("midlayer.hidden_norm.weight",),
+    "qkv_proj.weight": tuple(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"),
+    "o_proj.weight": ("midlayer.self_attn.o_proj.weight",),
+    "post_attention_layernorm.weight": ("midlayer.post_attention_layernorm.weight",),
+    "gate_up_proj.weight": ("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"),
+    "down_proj.weight": ("midlayer.mlp.down_proj.weight",),
+    "norm.weight": ("norm.weight",),
+    "lm_head.weight": ("lm_head.weight",),
+}
+
+
+def rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on x [tokens, heads, head_dim] by each token's cos/sin row, written
+    with plain ops so training can differentiate through it (the kernel writes in place)."""
+    half = x.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half].to(x.dtype), cos_sin[:, None, half:].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Eagle3Head(nn.Module):
+    """The head's weights and its forward pieces; attention over its context is the caller's
+    (the drafter's causal chunk here, the trainer's unrolled pattern in workers/spec)."""
+
+    def __init__(self, spec: Eagle3Spec, rope: RopeConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__()
+        self.spec = spec
+        h, hd = spec.hidden_size, spec.head_dim
+        self.q_size, self.kv_size = spec.num_heads * hd, spec.num_kv_heads * hd
+        self.fc = Linear(3 * spec.target_hidden_size, h, bias=False)
+        self.input_layernorm = RMSNorm(h, spec.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, spec.rms_norm_eps)
+        self.qkv_proj = Linear(2 * h, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = Linear(self.q_size, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps)
+        self.gate_up_proj = Linear(h, 2 * spec.intermediate_size, bias=False)
+        self.down_proj = Linear(spec.intermediate_size, h, bias=False)
+        self.norm = RMSNorm(h, spec.rms_norm_eps)
+        self.lm_head = Linear(h, spec.draft_vocab_size, bias=False)
+        # Shared with the target unless the checkpoint has its own (then load_weights makes one).
+        self.embed_tokens = embed_tokens
+        self.register_buffer("draft_to_target", torch.arange(spec.draft_vocab_size), persistent=False)
+        self.register_buffer("cos_sin", cos_sin_table(hd, spec.max_position_embeddings, rope), persistent=False)
+
+    # -- the forward, in pieces ---------------------------------------------------------------
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """The target's three hidden states [n, 3·target_hidden] → the head's [n, hidden]."""
+        return self.fc(aux_hidden)
+
+    def attention_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """(q, k, v, residual) for entries of (token, state): q [n, heads, hd], k/v [n, kv_heads, hd]."""
+        hd = self.spec.head_dim
+        x = torch.cat((self.input_layernorm(self.embed_tokens(token_ids)), self.hidden_norm(hidden)), dim=-1)
+        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        rope = self.cos_sin.index_select(0, positions)
+        q = rotate(q.reshape(-1, self.spec.num_heads, hd), rope)
+        k = rotate(k.reshape(-1, self.spec.num_kv_heads, hd), rope)
+        return q, k, v.reshape(-1, self.spec.num_kv_heads, hd), hidden
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Attention output [n, heads, hd] → the entry's state before the final norm, which is
+        both what the LM head reads (after `norm`) and the next draft step's input state."""
+        residual = self.o_proj(attn_out.reshape(-1, self.q_size)) + residual
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(residual)))) + residual
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of states before the norm."""
+        return self.lm_head(self.norm(state))
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.draft_to_target[draft_ids]
+
+    # -- loading --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy a checkpoint (its tensor names) into place; ModelLoadError names what is off."""
+        tensors = dict(tensors)
+        d2t = tensors.pop("d2t", None)
+        tensors.pop("t2d", None)  # the inverse map: the engine needs only d2t
+        embed = tensors.pop("embed_tokens.weight", None)
+        own = {name: p for name, p in self.named_parameters() if not name.startswith("embed_tokens.")}
+        for ours, names in _CHECKPOINT_NAMES.items():
+            missing = [n for n in names if n not in tensors]
+            if missing:
+                raise ModelLoadError(f"EAGLE-3 checkpoint is missing {', '.join(missing)}")
+            tensor = torch.cat([tensors.pop(n) for n in names])
+            if own[ours].shape != tensor.shape:
+                raise ModelLoadError(
+                    f"EAGLE-3 checkpoint tensors {', '.join(names)} make shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(own[ours].shape)}"
+                )
+            own[ours].copy_(tensor)
+        if tensors:
+            raise ModelLoadError(f"EAGLE-3 checkpoint tensors {sorted(tensors)[:5]} have no place in the head")
+        if d2t is not None:
+            self.draft_to_target.add_(d2t.to(self.draft_to_target))
+        if embed is not None:
+            self.embed_tokens = nn.Embedding.from_pretrained(embed.to(self.fc.weight), freeze=True)
+        if self.embed_tokens is None:
+            raise ModelLoadError("the EAGLE-3 head has no embed_tokens and no target embedding was given")
+        if int(self.draft_to_target.max()) >= self.spec.vocab_size or int(self.draft_to_target.min()) < 0:
+            raise ModelLoadError("the EAGLE-3 head's d2t maps draft ids outside the target vocabulary")
+
+
+def load_eagle3(
+    draft_dir: str | Path,
+    target_config: dict,
+    target_embed: nn.Embedding,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Eagle3Head:
+    """The head in `draft_dir`, checked against its target, on `device` in `dtype`, for inference."""
+    from workers.engine.loader import iter_tensors
+    from workers.protocol.draft_models import draft_fit_problems
+
+    try:
+        spec = read_eagle3(draft_dir)
+        raw = read_config(draft_dir)
+    except ModelDirectoryError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    problems = draft_fit_problems(spec, target_config)
+    if problems:
+        raise ModelLoadError(f"draft {draft_dir} does not fit the target: {'; '.join(problems)}")
+    head = Eagle3Head(spec, rope_from(raw), target_embed)
+    head.load_weights(dict(iter_tensors(draft_dir)))
+    head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
+    for module in head.modules():
+        if isinstance(module, Linear):
+            module.prepare()
+    return head.eval()
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [n, heads, hd] for the last n of the m entries in k/v [m, kv_heads, hd]; each query
+    sees the entries up to and including its own."""
+    n, m = q.shape[0], k.shape[0]
+    mask = None
+    if n > 1:
+        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(diagonal=m - n)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+class _Context:
+    """One sequence's head context: K/V of its observed entries, and where it stands."""
+
+    __slots__ = ("k", "last_state", "next_position", "v")
+
+    def __init__(self, position: int):
+        self.next_position = position  # the position the next observed entry must have
+        self.k = self.v = None
+        self.last_state: torch.Tensor | None = None
+
+
+class Eagle3Drafter(Drafter):
+    def __init__(self, head: Eagle3Head, num_speculative_tokens: int, aux_layer_ids: tuple[int, ...]):
+        self.head = head
+        self.k = num_speculative_tokens
+        self.aux_layer_ids = aux_layer_ids
+        self.contexts: weakref.WeakKeyDictionary[Sequence, _Context] = weakref.WeakKeyDictionary()
+        self._device = head.fc.weight.device
+
+    @torch.inference_mode()
+    def observe(self, seq: Sequence, start: int, aux_hidden: torch.Tensor) -> None:
+        ctx = self.contexts.get(seq)
+        if ctx is None or ctx.next_position != start:  # new, recomputed after preemption, or a gap
+            ctx = self.contexts[seq] = _Context(start)
+        tokens = seq.token_ids[start + 1 : start + 1 + aux_hidden.shape[0]]  # each row's next token
+        if not tokens:
+            return
+        head = self.head
+        n = len(tokens)
+        positions = torch.arange(start, start + n, device=self._device)
+        token_ids = torch.tensor(tokens, device=self._device)
+        q, k, v, residual = head.attention_inputs(token_ids, head.fuse(aux_hidden[:n]), positions)
+        if ctx.k is not None:
+            k, v = torch.cat((ctx.k, k)), torch.cat((ctx.v, v))
+        states = head.finish(causal_attention(q, k, v), residual)
+        ctx.k, ctx.v = k, v
+        ctx.last_state = states[-1:]
+        ctx.next_position = start + n
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
+        return [self._draft(seq, min(self.k, limit)) for seq, limit in zip(seqs, max_tokens, strict=True)]
+
+    def _draft(self, seq: Sequence, n: int) -> list[int]:
+        ctx = self.contexts.get(seq)
+        if ctx is None or ctx.last_state is None or ctx.next_position != seq.num_tokens - 1:
+            return []  # the head has not seen this sequence's latest state
+        head = self.head
+        state, k_ctx, v_ctx = ctx.last_state, ctx.k, ctx.v
+        position = ctx.next_position
+        token = head.to_target(head.logits(state).argmax(dim=-1))
+        draft = [token]
+        for _ in range(n - 1):
+            q, k, v, residual = head.attention_inputs(token, state, torch.tensor([position], device=self._device))
+            k_ctx, v_ctx = torch.cat((k_ctx, k)), torch.cat((v_ctx, v))
+            state = head.finish(causal_attention(q, k_ctx, v_ctx), residual)
+            token = head.to_target(head.logits(state).argmax(dim=-1))
+            draft.append(token)
+            position += 1
+        return [int(t) for t in torch.cat(draft).tolist()]
+
+    def release(self, seq: Sequence) -> None:
+        self.contexts.pop(seq, None)
