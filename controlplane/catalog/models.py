@@ -1,5 +1,7 @@
 from django.db import models
 
+from workers.protocol.draft_models import EAGLE3_ARCHITECTURES
+
 
 class Model(models.Model):
     """A model the platform can serve: weights in a local directory (or a hub id, recorded for
@@ -34,3 +36,8 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_draft(self) -> bool:
+        """An EAGLE-3 head: it drafts tokens for a target model and is not served on its own."""
+        return self.architecture in EAGLE3_ARCHITECTURES

@@ -1,3 +1,4 @@
+from django.apps import apps
 from django.conf import settings
 from django.db import transaction
 
@@ -5,6 +6,8 @@ from controlplane.catalog import validation
 from controlplane.catalog.models import Model
 from controlplane.common.errors import DomainError
 from controlplane.events.services import record_event
+from workers.protocol.draft_models import draft_fit_problems, read_eagle3
+from workers.protocol.model_files import read_config
 
 
 @transaction.atomic
@@ -58,11 +61,51 @@ def validate_model(model_id: int) -> Model | None:
     return model
 
 
+def check_draft(draft: Model, target: Model) -> None:
+    """That `draft` is an EAGLE-3 head that can draft for `target` (vocabulary, hidden size, aux
+    layer ids); DomainError on `draft_model` naming what does not fit. Both directories are read
+    now (headers and configs only), under MODEL_ROOTS as at registration."""
+    if draft.source_type != Model.Source.LOCAL or target.source_type != Model.Source.LOCAL:
+        hub = draft if draft.source_type != Model.Source.LOCAL else target
+        raise DomainError(
+            f"model {hub.name!r} is a hub id: an EAGLE-3 draft is checked against its target's files, "
+            "so both must be registered local directories",
+            "draft_model",
+        )
+    if not draft.is_draft:
+        raise DomainError(
+            f"model {draft.name!r} is not an EAGLE-3 draft head (architecture {draft.architecture or 'unknown'!r}); "
+            "register the head's directory (architecture LlamaForCausalLMEagle3 or Eagle3LlamaForCausalLM)",
+            "draft_model",
+        )
+    for m in (draft, target):
+        if m.status == Model.Status.ERROR:
+            raise DomainError(f"model {m.name!r} failed validation: {m.status_message}", "draft_model")
+    try:
+        spec = read_eagle3(validation.check_under_roots(draft.source, settings.MODEL_ROOTS))
+        target_config = read_config(validation.check_under_roots(target.source, settings.MODEL_ROOTS))
+    except (validation.ModelDirectoryError, OSError) as exc:
+        raise DomainError(
+            f"draft {draft.name!r} cannot be checked against {target.name!r}: {exc}", "draft_model"
+        ) from exc
+    problems = draft_fit_problems(spec, target_config)
+    if problems:
+        raise DomainError(
+            f"draft {draft.name!r} does not fit model {target.name!r}: {'; '.join(problems)}", "draft_model"
+        )
+
+
 def delete_model(model: Model, actor=None) -> None:
     if model.deployments.exists():
         raise DomainError(
             f"model {model.name!r} is used by deployments: "
             f"{', '.join(model.deployments.values_list('slug', flat=True))}"
         )
+    # The draft_model relation has no reverse accessor; looked up by name, since the deployments
+    # app imports the catalog and not the other way round.
+    deployment = apps.get_model("deployments", "Deployment")
+    drafting = list(deployment.objects.filter(draft_model=model).values_list("slug", flat=True))
+    if drafting:
+        raise DomainError(f"model {model.name!r} is the draft_model of deployments: {', '.join(drafting)}")
     record_event("model.deleted", model, actor=actor)
     model.delete()

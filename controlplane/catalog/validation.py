@@ -3,7 +3,9 @@
 The directory layout (config.json, supported architecture, weight files) is checked by
 `workers.protocol.model_files`, the same code the engine loads with; here we add the safetensors
 headers (for the parameter count), the tokenizer check, the checksum, and the model roots a
-directory must be under (MODEL_ROOTS).
+directory must be under (MODEL_ROOTS). An EAGLE-3 draft head registers too (checked whole by
+`workers.protocol.draft_models`; it has no tokenizer of its own): it is a deployment's
+`draft_model`, never a model served on its own.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.protocol.draft_models import safetensors_header
+from workers.protocol.draft_models import EAGLE3_ARCHITECTURES, is_eagle3, read_eagle3, safetensors_header
 from workers.protocol.model_files import (
     ModelDirectoryError,
+    UnsupportedArchitectureError,
     architecture,
     local_files,
     model_file,
@@ -57,10 +60,19 @@ def inspect_directory(directory: str | Path) -> ModelInfo:
     if not root.is_dir():
         raise ModelDirectoryError(f"{root} is not a directory on this machine")
     config = read_config(root)
-    arch = architecture(config)
+    if is_eagle3(config):
+        read_eagle3(root)  # its config and tensors agree; whether it fits a target is the deployment's check
+        arch = config["architectures"][0]
+    else:
+        try:
+            arch = architecture(config)
+        except UnsupportedArchitectureError as exc:
+            raise UnsupportedArchitectureError(
+                f"{exc}; EAGLE-3 draft heads ({', '.join(EAGLE3_ARCHITECTURES)}) register as drafts"
+            ) from None
+        if not model_file(root, "tokenizer.json").is_file():
+            raise ModelDirectoryError(f"{root} has no tokenizer.json")
     files = weight_files(root)
-    if not model_file(root, "tokenizer.json").is_file():
-        raise ModelDirectoryError(f"{root} has no tokenizer.json")
     return ModelInfo(
         architecture=arch,
         parameter_count=sum(_safetensors_params(f) for f in files),

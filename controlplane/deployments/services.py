@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from controlplane.catalog import services as catalog
 from controlplane.common.errors import DomainError
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.deployments.specs import build_spec
@@ -97,9 +98,6 @@ def _publish_replica(r: Replica) -> None:
 DEPLOYMENT_NOT_BUILT = (
     ("tensor_parallel", 1, "tensor_parallel > 1 is not built yet: a replica runs on one device"),
     ("pipeline_parallel", 1, "pipeline_parallel > 1 is not built yet: a replica runs on one device"),
-    ("speculative_method", Deployment.Speculative.NONE, "speculative decoding is not built yet; use 'none'"),
-    ("draft_model", None, "draft_model is not built yet (speculative decoding is not built)"),
-    ("speculative_k", 4, "speculative_k is not built yet (speculative decoding is not built); leave it at 4"),
 )
 CACHE_POLICY_NOT_BUILT = (
     ("dram_tier_bytes", 0, "a DRAM KV tier is not built yet; leave dram_tier_bytes at 0"),
@@ -119,7 +117,35 @@ def _refuse_unbuilt(values: dict, table) -> None:
             raise DomainError(message, name)
 
 
-def validate_deployment(data: dict) -> None:
+# Changing one of these checks the draft against the model's files again.
+SPECULATION_FIELDS = ("model", "speculative_method", "draft_model")
+
+
+def validate_speculation(data: dict, check_files: bool = True) -> None:
+    """ngram drafts from the prompt and output (no draft model); eagle3 needs a registered
+    EAGLE-3 head that fits the deployment's model; none takes no draft model either."""
+    method = data.get("speculative_method", Deployment.Speculative.NONE)
+    draft = data.get("draft_model")
+    if method != Deployment.Speculative.EAGLE3:
+        if draft is not None:
+            raise DomainError(
+                f"draft_model is only used by speculative_method 'eagle3' (this deployment's is {method!r}); "
+                "leave it empty (null)",
+                "draft_model",
+            )
+        return
+    if draft is None:
+        raise DomainError(
+            "speculative_method 'eagle3' needs a draft_model: a registered EAGLE-3 head trained for the model",
+            "draft_model",
+        )
+    model = data.get("model")
+    if check_files and model is not None:
+        catalog.check_draft(draft, model)
+
+
+def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
+    """`data` is the whole deployment; `changed` the fields being set (None: all, a new one)."""
     mode = data.get("mode", Deployment.Mode.COLOCATED)
     if mode == Deployment.Mode.DISAGGREGATED:
         if data.get("prefill_replicas", 0) < 1:
@@ -135,6 +161,14 @@ def validate_deployment(data: dict) -> None:
         )
     if model is not None and model.status == model.Status.ERROR:
         raise DomainError(f"model {model.name!r} failed validation: {model.status_message}", "model")
+    if model is not None and model.is_draft:
+        raise DomainError(
+            f"model {model.name!r} is an EAGLE-3 draft head ({model.architecture}): it drafts tokens for a target "
+            "model and is not served on its own; deploy the target and set this as its draft_model "
+            "with speculative_method 'eagle3'",
+            "model",
+        )
+    validate_speculation(data, check_files=changed is None or bool(changed & set(SPECULATION_FIELDS)))
 
 
 @transaction.atomic
@@ -148,9 +182,11 @@ def create_deployment(data: dict, actor=None) -> Deployment:
 
 @transaction.atomic
 def update_deployment(dep: Deployment, data: dict, actor=None) -> Deployment:
+    """Engine settings (dtype, limits, cache policy, speculation) reach replicas started from now
+    on: `restart` rolls the running ones onto them."""
     merged = {f.name: getattr(dep, f.name) for f in Deployment._meta.concrete_fields}
     merged.update(data)
-    validate_deployment(merged)
+    validate_deployment(merged, changed=set(data))
     for key, value in data.items():
         setattr(dep, key, value)
     dep.save()

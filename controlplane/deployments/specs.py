@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from controlplane.deployments.models import Replica
-from workers.protocol.replica import ReplicaSpec
+from controlplane.deployments.models import Deployment, Replica
+from workers.protocol.replica import ReplicaSpec, SpeculativeSpec
 
 
 def build_spec(replica: Replica) -> ReplicaSpec:
@@ -30,5 +30,16 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         max_model_len=deployment.max_model_len,
         kv_transfer_timeout=config["KV_TRANSFER_TIMEOUT"],
         local_prefill_tokens=config["PD_LOCAL_PREFILL_TOKENS"],
+        speculative=speculative_spec(deployment, replica.role),
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )
+
+
+def speculative_spec(deployment: Deployment, role: str) -> SpeculativeSpec | None:
+    """The deployment's speculation for a replica of `role`: a prefill replica computes prompts
+    only, so it never drafts (a disaggregated deployment speculates on its decode replicas)."""
+    method = deployment.speculative_method
+    if method == Deployment.Speculative.NONE or role == Replica.Role.PREFILL:
+        return None
+    draft = deployment.draft_model.source if method == Deployment.Speculative.EAGLE3 else None
+    return SpeculativeSpec(method=method, num_speculative_tokens=deployment.speculative_k, draft_model=draft)

@@ -3,8 +3,10 @@
 Every second (Celery beat → `telemetry.sample`) each replica's counters and histograms are
 compared with what the same replica process reported at the previous sample; the differences,
 summed per deployment, give tokens/s, TTFT and ITL percentiles of that second (interpolated
-within histogram buckets, as Prometheus' histogram_quantile does) and the prefix-cache hit rate;
-gauges give queue depth and KV use. Each point is appended to a Redis list capped at 15 minutes
+within histogram buckets, as Prometheus' histogram_quantile does), the prefix-cache hit rate and,
+where replicas speculate, that second's mean acceptance length; gauges give queue depth and KV
+use, and `speculation` what the deployment's live replicas drafted and accepted since they
+started (by position in a draft run). Each point is appended to a Redis list capped at 15 minutes
 and sent to the `metrics` Channels group.
 
 Differences are taken per replica process (replica id + incarnation), never on a deployment's
@@ -19,12 +21,12 @@ import json
 import time
 from collections import defaultdict
 
-from controlplane.telemetry.prometheus import replica_statuses
+from controlplane.telemetry.prometheus import mean_acceptance_length, replica_statuses
 
 HISTORY_SECONDS = 900
 GROUP = "metrics"
 PREVIOUS_KEY = "switchyard:telemetry:previous"
-COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries")
+COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "spec_drafts", "spec_accepted")
 HISTOGRAMS = {"ttft": "ttft_seconds", "itl": "itl_seconds"}
 
 
@@ -36,7 +38,8 @@ def _new_totals() -> dict:
     """A deployment's gauges (its fresh replicas, now) and counts (all its replicas, since the
     previous sample; `counted` is false when there was none)."""
     return {"running": 0, "waiting": 0, "kv_blocks_total": 0, "kv_blocks_free": 0, "replicas_up": 0,
-            "counted": False, **dict.fromkeys(COUNTERS, 0), **dict.fromkeys(HISTOGRAMS)}  # fmt: skip
+            "counted": False, "speculation": None, **dict.fromkeys(COUNTERS, 0),
+            **dict.fromkeys(HISTOGRAMS)}  # fmt: skip
 
 
 def _add_hist(acc: dict | None, h: dict) -> dict:
@@ -49,9 +52,12 @@ def _add_hist(acc: dict | None, h: dict) -> dict:
 
 def replica_counters(metrics: dict, load: dict) -> dict:
     """What one replica process has counted since it started (its counters only grow)."""
+    spec = metrics.get("speculative") if isinstance(metrics.get("speculative"), dict) else {}
     counters = {"generation_tokens": metrics.get("generation_tokens", 0),
                 "prefix_cache_hits": load.get("prefix_cache_hits", 0),
-                "prefix_cache_queries": load.get("prefix_cache_queries", 0)}  # fmt: skip
+                "prefix_cache_queries": load.get("prefix_cache_queries", 0),
+                "spec_drafts": spec.get("num_drafts", 0),
+                "spec_accepted": sum(spec.get("accepted_per_position") or [])}  # fmt: skip
     for name, key in HISTOGRAMS.items():
         if key in metrics:
             counters[name] = {"buckets": list(metrics[key]["buckets"]), "counts": list(metrics[key]["counts"])}
@@ -60,6 +66,23 @@ def replica_counters(metrics: dict, load: dict) -> dict:
 
 def _delta(cur: int, prev: int) -> int:
     return cur - prev if cur >= prev else cur  # never negative, even if a counter went back
+
+
+def _add_positions(acc: list[int], counts: list[int]) -> list[int]:
+    longer, shorter = (acc, counts) if len(acc) >= len(counts) else (counts, acc)
+    return [n + (shorter[i] if i < len(shorter) else 0) for i, n in enumerate(longer)]
+
+
+def _add_speculation(acc: dict | None, spec: dict) -> dict:
+    """A deployment's speculation since its live replica processes started, summed."""
+    acc = acc or {"num_drafts": 0, "drafted_per_position": [], "accepted_per_position": [], "verify_seconds": 0.0,
+                  "draft_seconds": 0.0}  # fmt: skip
+    acc["num_drafts"] += spec.get("num_drafts", 0)
+    for key in ("drafted_per_position", "accepted_per_position"):
+        acc[key] = _add_positions(acc[key], spec.get(key) or [])
+    for key in ("verify_seconds", "draft_seconds"):
+        acc[key] = round(acc[key] + spec.get(key, 0.0), 6)
+    return acc
 
 
 def counted_since(cur: dict, prev: dict | None) -> dict:
@@ -101,6 +124,8 @@ def aggregate(statuses, previous: dict[str, dict] | None) -> tuple[dict[str, dic
             for name in HISTOGRAMS:
                 if new.get(name) is not None:
                     t[name] = _add_hist(t[name], new[name])
+        if isinstance(metrics.get("speculative"), dict):
+            t["speculation"] = _add_speculation(t["speculation"], metrics["speculative"])
         if status.is_fresh():
             t["replicas_up"] += 1
             for key in ("running", "waiting", "kv_blocks_total", "kv_blocks_free"):
@@ -133,6 +158,8 @@ def point(now: float, t: dict, dt: float | None) -> dict:
         "kv_use": round(1 - t["kv_blocks_free"] / t["kv_blocks_total"], 4) if t["kv_blocks_total"] else None,
         "tokens_per_second": None,
         "cache_hit_rate": None,
+        "spec_acceptance_length": None,
+        "speculation": _speculation(t["speculation"]),
     }
     for name in HISTOGRAMS:
         out[f"{name}_p50_ms"] = out[f"{name}_p90_ms"] = None
@@ -141,6 +168,8 @@ def point(now: float, t: dict, dt: float | None) -> dict:
     out["tokens_per_second"] = round(t["generation_tokens"] / dt, 2)
     if t["prefix_cache_queries"] > 0:
         out["cache_hit_rate"] = round(t["prefix_cache_hits"] / t["prefix_cache_queries"], 4)
+    if t["spec_drafts"] > 0:
+        out["spec_acceptance_length"] = round(1 + t["spec_accepted"] / t["spec_drafts"], 4)
     for name in HISTOGRAMS:
         if t[name] is None:
             continue
@@ -148,6 +177,20 @@ def point(now: float, t: dict, dt: float | None) -> dict:
             v = quantile(t[name]["buckets"], t[name]["counts"], q / 100)
             out[f"{name}_p{q}_ms"] = round(v * 1000, 3) if v is not None else None
     return out
+
+
+def _speculation(spec: dict | None) -> dict | None:
+    """The point's `speculation`: None where no live replica speculates; else the sums, the mean
+    acceptance length and, by position, the share of draft runs whose guess there was accepted
+    (vLLM's per-position acceptance rate: the shares add up to the mean acceptance length - 1)."""
+    if spec is None:
+        return None
+    drafts, accepted = spec["num_drafts"], spec["accepted_per_position"]
+    return {
+        **spec,
+        "mean_acceptance_length": mean_acceptance_length(drafts, accepted),
+        "acceptance_per_position": [round(n / drafts, 4) if drafts else None for n in accepted],
+    }
 
 
 def sample(redis_client, now: float | None = None) -> dict[str, dict]:

@@ -83,6 +83,42 @@ KV_COUNTERS = {
 }
 
 
+# A replica that speculates reports its engine's counters (workers.protocol.replica.SpeculativeMetrics).
+SPEC_COUNTERS = {
+    "num_drafts": ("switchyard_spec_drafts_total", "Draft runs verified (one per sequence per verifying step)."),
+    "num_verify_steps": ("switchyard_spec_verify_steps_total", "Engine steps that verified drafts."),
+    "verify_seconds": ("switchyard_spec_verify_seconds_total", "Time in engine steps that verified drafts."),
+    "draft_seconds": ("switchyard_spec_draft_seconds_total", "Time spent proposing drafts."),
+}
+SPEC_PER_POSITION = {
+    "drafted_per_position": ("switchyard_spec_draft_tokens_total",
+                             "Draft tokens proposed, by position in the draft run (0: the first guess)."),
+    "accepted_per_position": ("switchyard_spec_accepted_tokens_total",
+                              "Draft tokens accepted, by position in the draft run (0: the first guess)."),
+}  # fmt: skip
+SPEC_ACCEPTANCE_LENGTH = (
+    "switchyard_spec_mean_acceptance_length",
+    "Tokens a draft run yields on average (its accepted guesses plus the target's own token), since the replica "
+    "started.",
+)
+
+
+def mean_acceptance_length(num_drafts: int, accepted_per_position: list[int]) -> float | None:
+    return round(1 + sum(accepted_per_position) / num_drafts, 4) if num_drafts else None
+
+
+def _speculation(exp: Exposition, labels: dict, spec: dict) -> None:
+    for key, (name, help_text) in SPEC_COUNTERS.items():
+        if key in spec:
+            exp.add(name, "counter", help_text, labels, spec[key])
+    for key, (name, help_text) in SPEC_PER_POSITION.items():
+        for position, count in enumerate(spec.get(key) or []):
+            exp.add(name, "counter", help_text, labels, count, extra={"position": position})
+    length = mean_acceptance_length(spec.get("num_drafts", 0), spec.get("accepted_per_position") or [])
+    if length is not None:
+        exp.add(SPEC_ACCEPTANCE_LENGTH[0], "gauge", SPEC_ACCEPTANCE_LENGTH[1], labels, length)
+
+
 FAILOVER_COUNTERS = {
     "resumed": ("switchyard_requests_resumed_total", "Requests resumed on another replica after theirs was lost."),
     "failed": ("switchyard_requests_failover_failed_total",
@@ -158,6 +194,8 @@ def render(redis_client) -> str:
             for key, (name, help_text) in table.items():
                 if key in source:
                     exp.add(name, kind, help_text, labels, source[key])
+        if isinstance(metrics.get("speculative"), dict):  # only replicas that speculate report it
+            _speculation(exp, labels, metrics["speculative"])
     for slug, outcomes in sorted(failover.counts(redis_client).items()):
         for key, (name, help_text) in FAILOVER_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])

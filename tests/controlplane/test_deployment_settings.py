@@ -19,10 +19,6 @@ def model():
     [
         ("tensor_parallel", 2, "tensor_parallel > 1 is not built yet"),
         ("pipeline_parallel", 2, "pipeline_parallel > 1 is not built yet"),
-        ("speculative_method", "ngram", "speculative decoding is not built yet"),
-        ("speculative_method", "eagle3", "speculative decoding is not built yet"),
-        ("draft_model", "tiny", "draft_model is not built yet"),
-        ("speculative_k", 8, "speculative_k is not built yet"),
     ],
 )
 def test_deployment_settings_not_built_are_refused_naming_the_field(staff_client, model, field, value, says):

@@ -6,11 +6,13 @@ import json
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.catalog.models import Model
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.telemetry.history import PREVIOUS_KEY, history, quantile, sample
+from controlplane.telemetry.prometheus import render
 from workers.protocol import replica as protocol
 
 BUCKETS = [0.01, 0.1, 1.0]
@@ -41,13 +43,14 @@ def replica(deployment, state=Replica.State.READY) -> Replica:
 
 
 def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl=(0, 0, 0, 0), ttft=(0, 0, 0, 0),
-           running=0, waiting=0, free=10):  # fmt: skip
-    """A replica's heartbeat: the fields and encoding of workers/replica/server.py."""
+           running=0, waiting=0, free=10, spec=None):  # fmt: skip
+    """A replica's heartbeat: the fields and encoding of workers/replica/server.py (`spec`: the
+    SpeculativeMetrics of a replica that speculates)."""
     hist = lambda counts: {"buckets": BUCKETS, "counts": list(counts), "sum": 0.0, "count": sum(counts)}  # noqa: E731
     load = {"running": running, "waiting": waiting, "kv_blocks_total": 10, "kv_blocks_free": free,
             "prefix_cache_hits": hits, "prefix_cache_queries": queries}  # fmt: skip
     metrics = {"deployment": r.deployment.slug, "generation_tokens": tokens, "ttft_seconds": hist(ttft),
-               "itl_seconds": hist(itl)}  # fmt: skip
+               "itl_seconds": hist(itl), **({"speculative": spec} if spec else {})}  # fmt: skip
     redis.hset(protocol.status_key(r.pk), mapping={
         "state": "ready", "load": protocol.encode(load), "metrics": protocol.encode(metrics),
         "heartbeat": f"{time.time():.3f}", "incarnation": incarnation,
@@ -114,3 +117,64 @@ def test_a_previous_sample_in_the_old_format_starts_afresh(redis, deployment):
     report(redis, replica(deployment), "a", tokens=50)
     redis.set(PREVIOUS_KEY, json.dumps({"t": 1.0, "totals": {"demo": {"generation_tokens": 9000}}}))
     assert sample(redis, now=2.0)["demo"]["tokens_per_second"] is None
+
+
+def speculative(drafts: int, drafted: list[int], accepted: list[int], verify=0.0, draft=0.0) -> dict:
+    return {"method": "ngram", "num_drafts": drafts, "num_verify_steps": drafts, "drafted_per_position": drafted,
+            "accepted_per_position": accepted, "verify_seconds": verify, "draft_seconds": draft}  # fmt: skip
+
+
+def test_speculation_is_rendered_for_replicas_that_speculate_only(redis, deployment):
+    drafting, plain = replica(deployment), replica(deployment)
+    report(redis, drafting, "a", spec=speculative(10, [10, 8, 5], [7, 4, 1], verify=1.25, draft=0.0625))
+    report(redis, plain, "b")
+    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
+               if s.name.startswith("switchyard_spec_")]  # fmt: skip
+    assert {s.labels["replica"] for s in samples} == {str(drafting.pk)}
+    value = {(s.name, s.labels.get("position")): s.value for s in samples}
+    assert value == {
+        ("switchyard_spec_drafts_total", None): 10,
+        ("switchyard_spec_verify_steps_total", None): 10,
+        ("switchyard_spec_verify_seconds_total", None): 1.25,
+        ("switchyard_spec_draft_seconds_total", None): 0.0625,
+        ("switchyard_spec_draft_tokens_total", "0"): 10,
+        ("switchyard_spec_draft_tokens_total", "1"): 8,
+        ("switchyard_spec_draft_tokens_total", "2"): 5,
+        ("switchyard_spec_accepted_tokens_total", "0"): 7,
+        ("switchyard_spec_accepted_tokens_total", "1"): 4,
+        ("switchyard_spec_accepted_tokens_total", "2"): 1,
+        ("switchyard_spec_mean_acceptance_length", None): 2.2,  # 1 + 12 accepted / 10 runs
+    }
+    assert {s.labels["deployment"] for s in samples} == {"demo"}
+
+
+def test_a_replica_that_drafted_nothing_yet_has_no_acceptance_length(redis, deployment):
+    report(redis, replica(deployment), "a", spec=speculative(0, [0, 0], [0, 0]))
+    names = {s.name for f in text_string_to_metric_families(render(redis)) for s in f.samples}
+    assert "switchyard_spec_drafts_total" in names and "switchyard_spec_mean_acceptance_length" not in names
+
+
+def test_a_point_shows_the_deployments_speculation_and_this_seconds_acceptance(redis, deployment):
+    one, two = replica(deployment), replica(deployment)
+    report(redis, one, "a", spec=speculative(10, [10, 8, 5], [7, 4, 1]))
+    report(redis, two, "b", spec=speculative(10, [10, 9, 9], [5, 2, 0]))
+    first = sample(redis, now=1000.0)["demo"]
+    assert first["spec_acceptance_length"] is None  # nothing to compare with yet
+    assert first["speculation"] == {
+        "num_drafts": 20, "drafted_per_position": [20, 17, 14], "accepted_per_position": [12, 6, 1],
+        "verify_seconds": 0.0, "draft_seconds": 0.0, "mean_acceptance_length": 1.95,
+        "acceptance_per_position": [0.6, 0.3, 0.05],
+    }  # fmt: skip
+    report(redis, one, "a", spec=speculative(14, [14, 12, 9], [11, 8, 4]))  # 4 runs, 11 accepted since
+    p = sample(redis, now=1001.0)["demo"]
+    assert p["spec_acceptance_length"] == 3.75
+    assert p["speculation"]["num_drafts"] == 24
+
+
+def test_a_deployment_without_speculation_has_none_in_its_points(redis, deployment):
+    r = replica(deployment)
+    report(redis, r, "a", tokens=5)
+    sample(redis, now=1.0)
+    report(redis, r, "a", tokens=9)
+    p = sample(redis, now=2.0)["demo"]
+    assert (p["speculation"], p["spec_acceptance_length"]) == (None, None)

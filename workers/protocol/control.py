@@ -107,4 +107,4 @@ class NodeReport(Wire):
 def spec_from_wire(data: dict) -> ReplicaSpec:
     if not isinstance(data, dict) or "replica_id" not in data:
         raise ProtocolError("a replica spec needs at least replica_id")
-    return from_wire(ReplicaSpec, data)
+    return ReplicaSpec.from_wire(data)

@@ -17,7 +17,7 @@
   (state, load, endpoint, metrics, heartbeat, incarnation, kv_block_size). The node agent's
   supervisor mirrors it into the database; the gateway reads it to route and to notice a replica
   lost mid-request. Which KV blocks it holds is a set of its own (workers/protocol/kv_blocks.py).
-- `ReplicaSpec`: everything a replica process starts with.
+- `ReplicaSpec`: everything a replica process starts with (its speculation: `SpeculativeSpec`).
 
 Every message, event and status carries a `version`: a side refuses one newer than its own
 (`ProtocolError`) and ignores fields it does not know, so a field can be added without a new
@@ -462,6 +462,20 @@ class ReplicaLoad(TypedDict, total=False):
     kv_transfer: dict  # KV transfer counters
 
 
+class SpeculativeMetrics(TypedDict):
+    """`metrics["speculative"]` of a replica that speculates (absent otherwise): its engine's
+    counters since the process started. Position j (0-based) of a draft run is its j+1-th
+    guess; a run's accepted guesses are a prefix of its drafted ones."""
+
+    method: str
+    num_drafts: int  # draft runs verified (one per sequence per verifying step)
+    num_verify_steps: int  # engine steps that verified at least one draft
+    drafted_per_position: list[int]  # draft runs that reached position j
+    accepted_per_position: list[int]  # ... and whose guess at position j was accepted
+    verify_seconds: float  # time in steps that verified drafts
+    draft_seconds: float  # time proposing drafts
+
+
 class Endpoint(TypedDict, total=False):
     stream: str  # the request stream
     pid: int
@@ -551,6 +565,24 @@ class ReplicaStatus:
 
 
 @dataclass
+class SpeculativeSpec(Wire):
+    """A replica's speculative decoding: `method` "ngram" (drafts from the prompt and output) or
+    "eagle3" (an EAGLE-3 head in `draft_model`, a directory on the replica's node), with
+    `num_speculative_tokens` drafted per step. Only colocated and decode replicas speculate."""
+
+    method: str
+    num_speculative_tokens: int
+    draft_model: str | None = None
+
+    def engine_config(self) -> dict:
+        """The engine's `speculative_config`, in vLLM's spelling (workers/engine/spec/config.py)."""
+        out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.draft_model:
+            out["model"] = self.draft_model
+        return out
+
+
+@dataclass
 class ReplicaSpec(Wire):
     """Everything a replica process needs to start. The control worker builds it from the
     database and sends it to the node agent (workers.protocol.control), which fills in what is
@@ -579,11 +611,19 @@ class ReplicaSpec(Wire):
     # than computing it, and their prefill barely delays the running batch.
     local_prefill_tokens: int = 256
     redis_url: str = "redis://127.0.0.1:6379/0"
+    speculative: SpeculativeSpec | None = None  # None: no speculation
     extra: dict = field(default_factory=dict)
     version: int = VERSION
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), indent=2)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ReplicaSpec:
+        spec = from_wire(cls, data)
+        if spec.speculative is not None and not isinstance(spec.speculative, SpeculativeSpec):
+            spec.speculative = SpeculativeSpec.from_wire(spec.speculative)
+        return spec
 
     @classmethod
     def from_json(cls, text: str) -> ReplicaSpec:

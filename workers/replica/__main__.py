@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=spec.max_model_len,
         enable_prefix_caching=spec.enable_prefix_caching,
         kv_cache_bytes=spec.kv_cache_bytes,
+        speculative_config=spec.speculative.engine_config() if spec.speculative else None,
     )
     try:
         engine = LLMEngine(config, progress=progress)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from workers.protocol.replica import SpeculativeMetrics
+
 # Seconds. TTFT spans queueing and prefill; ITL one decode step plus delivery.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -68,3 +70,19 @@ class ReplicaMetrics:
             "ttft_seconds": self.ttft.as_dict(),
             "itl_seconds": self.itl.as_dict(),
         }
+
+
+def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics | None:
+    """What the replica reports of its engine's speculation (`LLMEngine.spec_stats()`, counters
+    since start), or None when the engine does not speculate."""
+    if stats is None:
+        return None
+    return {
+        "method": method,
+        "num_drafts": int(stats.get("num_drafts", 0)),
+        "num_verify_steps": int(stats.get("num_verify_steps", 0)),
+        "drafted_per_position": [int(n) for n in stats.get("drafted_per_position", [])],
+        "accepted_per_position": [int(n) for n in stats.get("accepted_per_position", [])],
+        "verify_seconds": round(float(stats.get("verify_seconds", 0.0)), 6),
+        "draft_seconds": round(float(stats.get("draft_seconds", 0.0)), 6),
+    }

@@ -43,7 +43,7 @@ from workers.protocol.replica import (
     Resume,
 )
 from workers.protocol.wire import ProtocolError
-from workers.replica.metrics import ReplicaMetrics
+from workers.replica.metrics import ReplicaMetrics, speculative_metrics
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.1
@@ -442,6 +442,10 @@ class ReplicaServer:
             load["kv_transfer"] = self.disagg.stats.as_dict()
             endpoint["kv_session"] = self.disagg.kv.session
         metrics = {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
+        if self.spec.speculative is not None:
+            spec = speculative_metrics(self.spec.speculative.method, self.engine.spec_stats())
+            if spec is not None:
+                metrics["speculative"] = spec
         status = ReplicaStatus(
             state,
             time.time(),

@@ -4,6 +4,10 @@ from controlplane.catalog.models import Model
 
 
 class ModelSerializer(serializers.ModelSerializer):
+    is_draft = serializers.BooleanField(
+        read_only=True, help_text="an EAGLE-3 draft head: a deployment's draft_model, not served on its own"
+    )
+
     class Meta:
         model = Model
         fields = [
@@ -19,6 +23,7 @@ class ModelSerializer(serializers.ModelSerializer):
             "context_length",
             "status",
             "status_message",
+            "is_draft",
             "created_at",
             "updated_at",
         ]

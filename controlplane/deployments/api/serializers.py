@@ -112,7 +112,11 @@ class DeploymentSerializer(serializers.ModelSerializer):
         slug_field="name", queryset=CachePolicy.objects.all(), required=False, allow_null=True
     )
     draft_model = serializers.SlugRelatedField(
-        slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
+        slug_field="name",
+        queryset=Model.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="eagle3 only: a registered EAGLE-3 head trained for the model (null otherwise)",
     )
     replica_states = serializers.SerializerMethodField()
     routing_quality = serializers.SerializerMethodField(
@@ -147,6 +151,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
             *DEPLOYMENT_STATE_FIELDS,
         ]
         read_only_fields = ["id", *DEPLOYMENT_STATE_FIELDS]
+        extra_kwargs = {
+            "speculative_method": {
+                "help_text": "speculative decoding: none, ngram (drafts from the prompt and output) or eagle3 "
+                "(drafts with draft_model); colocated and decode replicas speculate, prefill replicas never"
+            },
+            "speculative_k": {"help_text": "tokens drafted per step (1-16), used by ngram and eagle3"},
+        }
 
     def get_replica_states(self, obj) -> dict[str, int]:
         counts: dict[str, int] = {}
