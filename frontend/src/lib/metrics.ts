@@ -1,5 +1,7 @@
 // The Overview's time series: 15 minutes of 1-second points per deployment, history then live.
 
+import type { SpeculationStats } from "../components/Speculation";
+
 export type Point = {
   t: number;
   tokens_per_second: number | null;
@@ -11,6 +13,8 @@ export type Point = {
   queue_depth: number;
   kv_use: number | null;
   replicas_up: number;
+  spec_acceptance_length?: number | null; // this second's, where replicas speculate
+  speculation?: SpeculationStats | null; // since the live replicas started; null: none speculates
 };
 
 export const WINDOW_SECONDS = 15 * 60;
@@ -27,6 +31,11 @@ export function mergePoints(series: Point[], incoming: Point[], windowSeconds = 
 /** uPlot's column layout: [times, ...one array per field]; nulls leave gaps. */
 export function columns(series: Point[], fields: (keyof Point)[]): (number | null)[][] {
   return [series.map((p) => p.t), ...fields.map((f) => series.map((p) => (p[f] as number | null) ?? null))];
+}
+
+/** The newest point's speculation (null when its replicas do not speculate, or no point yet). */
+export function latestSpeculation(series: Point[]): SpeculationStats | null {
+  return series.length ? (series[series.length - 1].speculation ?? null) : null;
 }
 
 export function latest(series: Point[], field: keyof Point): number | null {

@@ -33,10 +33,17 @@ describe("deployment page", () => {
     expect(note.textContent).toBe("Cannot place replicas: 1 replica not placed: no online node");
   });
 
+  it("shows the deployment's speculative decoding settings", async () => {
+    deployment.current = { ...base, speculative_method: "eagle3", speculative_k: 4, draft_model: "demo-draft" };
+    renderDetail();
+    expect((await screen.findByTestId("speculation-settings")).textContent).toBe("eagle3 (demo-draft), k 4");
+  });
+
   it("shows nothing when every replica is placed", async () => {
     deployment.current = { ...base, placement_error: "" };
     renderDetail();
     await screen.findByTestId("desired");
+    expect(screen.queryByTestId("speculation-settings")).toBeNull();
     expect(screen.queryByTestId("placement-error")).toBeNull();
     expect(screen.queryByTestId("failed")).toBeNull();
   });

@@ -1,12 +1,16 @@
 import { FormEvent, useCallback, useEffect, useState } from "react";
 import { Link, useParams } from "react-router-dom";
 import { ErrorText, Field } from "../components/Form";
+import { speculationLabel } from "../components/Speculation";
 import { api, fieldErrors, list } from "../lib/api";
 
 export function Deployments() {
   const [rows, setRows] = useState<any[]>([]);
   const [models, setModels] = useState<any[]>([]);
-  const [form, setForm] = useState({ slug: "", model: "", mode: "colocated", replicas: 1, prefill_replicas: 1, decode_replicas: 1 });
+  const [form, setForm] = useState({
+    slug: "", model: "", mode: "colocated", replicas: 1, prefill_replicas: 1, decode_replicas: 1,
+    speculative_method: "none", speculative_k: 3, draft_model: "",
+  });
   const [errors, setErrors] = useState<Record<string, string>>({});
   const load = useCallback(() => list("deployments/").then(setRows), []);
   useEffect(() => {
@@ -21,6 +25,10 @@ export function Deployments() {
     const body: any = { slug: form.slug, model: form.model, mode: form.mode };
     if (form.mode === "colocated") body.replicas = Number(form.replicas);
     else Object.assign(body, { replicas: 0, prefill_replicas: Number(form.prefill_replicas), decode_replicas: Number(form.decode_replicas) });
+    if (form.speculative_method !== "none") {
+      Object.assign(body, { speculative_method: form.speculative_method, speculative_k: Number(form.speculative_k) });
+      if (form.speculative_method === "eagle3") body.draft_model = form.draft_model || null;
+    }
     try {
       await api("deployments/", { method: "POST", body });
       setForm({ ...form, slug: "" });
@@ -55,7 +63,7 @@ export function Deployments() {
         <Field label="Model" error={errors.model}>
           <select value={form.model} onChange={set("model")}>
             <option value="">choose…</option>
-            {models.map((m) => <option key={m.name} value={m.name}>{m.name}</option>)}
+            {models.filter((m) => !m.is_draft).map((m) => <option key={m.name} value={m.name}>{m.name}</option>)}
           </select>
         </Field>
         <Field label="Mode" error={errors.mode}>
@@ -71,6 +79,26 @@ export function Deployments() {
             <Field label="Prefill replicas" error={errors.prefill_replicas}><input type="number" min={0} value={form.prefill_replicas} onChange={set("prefill_replicas")} /></Field>
             <Field label="Decode replicas" error={errors.decode_replicas}><input type="number" min={0} value={form.decode_replicas} onChange={set("decode_replicas")} /></Field>
           </>
+        )}
+        <Field label="Speculative decoding" error={errors.speculative_method}>
+          <select value={form.speculative_method} onChange={set("speculative_method")}>
+            <option value="none">none</option>
+            <option value="ngram">ngram</option>
+            <option value="eagle3">eagle3</option>
+          </select>
+        </Field>
+        {form.speculative_method !== "none" && (
+          <Field label="Draft tokens (k)" error={errors.speculative_k}>
+            <input type="number" min={1} max={16} value={form.speculative_k} onChange={set("speculative_k")} />
+          </Field>
+        )}
+        {form.speculative_method === "eagle3" && (
+          <Field label="Draft model" error={errors.draft_model}>
+            <select value={form.draft_model} onChange={set("draft_model")}>
+              <option value="">choose…</option>
+              {models.filter((m) => m.is_draft).map((m) => <option key={m.name} value={m.name}>{m.name}</option>)}
+            </select>
+          </Field>
         )}
         <button type="submit">Create</button>
         <ErrorText errors={errors} />
@@ -115,6 +143,7 @@ export function DeploymentDetail() {
       <p>
         Model {dep.model} · {dep.mode} · desired <strong data-testid="desired">{dep.desired_state}</strong> · generation {dep.generation}
         {" "}· surge {dep.max_surge ?? 1}
+        {speculationLabel(dep) && <> · speculation <span data-testid="speculation-settings">{speculationLabel(dep)}</span></>}
       </p>
       <p>
         <button onClick={() => act("start")}>Start</button> <button onClick={() => act("stop")}>Stop</button>{" "}

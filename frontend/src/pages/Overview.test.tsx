@@ -1,5 +1,6 @@
 import { act, cleanup, render, screen } from "@testing-library/react";
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { api } from "../lib/api";
 import { Overview } from "./Overview";
 
 const rows = vi.hoisted(() => ({ current: [] as Record<string, unknown>[] }));
@@ -38,5 +39,26 @@ describe("overview", () => {
       await vi.advanceTimersByTimeAsync(5000);
     });
     expect(screen.getAllByTestId("hit-rates")[0].textContent?.trim()).toBe("Prompt cache: 70% achieved / 80% reachable");
+  });
+
+  it("shows a speculating deployment's acceptance from its newest point, and nothing for the others", async () => {
+    const speculation = {
+      num_drafts: 10, drafted_per_position: [10, 8], accepted_per_position: [7, 4], verify_seconds: 0.5,
+      draft_seconds: 0.01, mean_acceptance_length: 2.1, acceptance_per_position: [0.7, 0.4],
+    };
+    const point = (t: number, spec: unknown) => ({ t, queue_depth: 0, replicas_up: 1, speculation: spec });
+    vi.mocked(api).mockImplementation(async (path: string) => ({
+      points: path.includes("deployment=fast") ? [point(1, null), point(2, speculation)] : [point(2, null)],
+    }));
+    rows.current = [
+      { ...deployment("fast", null), speculative_method: "ngram", speculative_k: 2, draft_model: null },
+      { ...deployment("plain", null), speculative_method: "none", speculative_k: 4, draft_model: null },
+    ];
+    render(<Overview />);
+    const panel = await screen.findByTestId("speculation");
+    expect(panel.closest("[data-deployment]")?.getAttribute("data-deployment")).toBe("fast");
+    expect(screen.getByTestId("speculation-method").textContent).toBe("ngram, k 2");
+    expect((await screen.findByTestId("acceptance-length")).textContent).toBe("2.10");
+    expect(screen.getAllByTestId("speculation")).toHaveLength(1);
   });
 });

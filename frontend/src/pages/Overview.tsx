@@ -1,9 +1,10 @@
 import { useEffect, useState } from "react";
 import ReconnectingWebSocket from "reconnecting-websocket";
 import { HitRates } from "../components/HitRates";
+import { Speculation } from "../components/Speculation";
 import { TimeChart } from "../components/TimeChart";
 import { api, list, wsUrl } from "../lib/api";
-import { columns, latest, mergePoints, Point } from "../lib/metrics";
+import { columns, latest, latestSpeculation, mergePoints, Point } from "../lib/metrics";
 
 export function Overview() {
   const [deployments, setDeployments] = useState<any[]>([]);
@@ -62,6 +63,7 @@ export function Overview() {
               {pct(latest(s, "kv_use"))} · cache hits {pct(latest(s, "cache_hit_rate"))}
             </p>
             <HitRates quality={d.routing_quality} />
+            <Speculation deployment={d} stats={latestSpeculation(s)} />
             <div className="grid">
               <TimeChart title="Output tokens/s" labels={["tok/s"]} data={columns(s, ["tokens_per_second"])} />
               <TimeChart title="TTFT (ms)" labels={["p50", "p90"]} data={columns(s, ["ttft_p50_ms", "ttft_p90_ms"])} />
@@ -69,6 +71,9 @@ export function Overview() {
               <TimeChart title="Prompt-cache hit rate" labels={["hit rate"]} data={columns(s, ["cache_hit_rate"])} fraction />
               <TimeChart title="Queue depth" labels={["requests"]} data={columns(s, ["queue_depth"])} />
               <TimeChart title="KV-cache use" labels={["used"]} data={columns(s, ["kv_use"])} fraction />
+              {(d.speculative_method ?? "none") !== "none" && (
+                <TimeChart title="Acceptance length" labels={["tokens/draft run"]} data={columns(s, ["spec_acceptance_length"])} />
+              )}
             </div>
           </section>
         );
