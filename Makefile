@@ -12,7 +12,7 @@ FRONTEND_SOURCES := $(shell find frontend/src -type f) frontend/index.html front
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
-.PHONY: setup frontend run test lint format check unit bench-engine bench-gateway demo-model gpu-check clean
+.PHONY: setup frontend run test lint format check unit bench-engine bench-gateway demo-model demo-draft gpu-check clean
 
 setup: $(STAMP) apt frontend
 
@@ -76,6 +76,12 @@ bench-gateway: setup
 # Retrain the committed demo model (workers/demo/model) from its seeded corpus.
 demo-model: setup
 	$(PY) -m workers.demo.train
+
+# Retrain the demo model's committed EAGLE-3 draft head (workers/demo/draft) on its own answers.
+demo-draft: setup
+	$(PY) -m workers.demo.draft_prompts --out .cache/demo-draft-prompts.jsonl
+	$(PY) -m workers.spec.train_eagle3 --target workers/demo/model --data .cache/demo-draft-prompts.jsonl \
+		--out workers/demo/draft
 
 gpu-check: setup
 	bash scripts/gpu_check.sh

@@ -111,7 +111,8 @@ class Eagle3Head(nn.Module):
         """Attention output [n, heads, hd] → the entry's state before the final norm, which is
         both what the LM head reads (after `norm`) and the next draft step's input state."""
         residual = self.o_proj(attn_out.reshape(-1, self.q_size)) + residual
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(residual)))) + residual
+        mlp_in = self.post_attention_layernorm(residual)
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(mlp_in))) + residual
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of states before the norm."""

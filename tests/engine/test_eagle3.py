@@ -1,0 +1,145 @@
+"""EAGLE-3 drafting: lossless on random target/head pairs of every family and on the demo pair,
+drafts identical to what the trainer's unrolled head predicts, and heads that do not fit (or are
+broken) refused with a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.engine.checkpoints import build_eagle3_head
+from tests.engine.test_spec_decode import GREEDY, PROMPTS, assert_consistent, assert_same, generate
+from workers.engine import LLM, SamplingParams
+from workers.engine.errors import ModelLoadError
+from workers.spec.train_eagle3 import TargetFeatures, unroll
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+DEMO_MODEL = "workers/demo/model"
+DEMO_DRAFT = "workers/demo/draft"
+
+
+def eagle(model_dir, head_dir, k: int = 3, **kwargs) -> LLM:
+    kwargs.setdefault("block_size", 4)
+    spec = {"method": "eagle3", "model": str(head_dir), "num_speculative_tokens": k, **kwargs.pop("spec", {})}
+    return LLM(str(model_dir), device="cpu", dtype="float32", speculative_config=spec, **kwargs)
+
+
+def plain(model_dir, **kwargs) -> LLM:
+    kwargs.setdefault("block_size", 4)
+    return LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_factory, tmp_path, arch):
+    """A random head's drafts are nearly all rejected: every step rolls back, and tokens and
+    logprobs still equal the plain engine's, with the block manager's books balanced."""
+    model_dir = checkpoint_factory(arch)
+    head = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=96 if arch == "qwen2" else None)
+    want = [generate(plain(model_dir), [p], GREEDY)[0] for p in PROMPTS]
+    spec = eagle(model_dir, head, spec={"disable_by_batch_size": 8})
+    for p, w in zip(PROMPTS, want, strict=True):
+        assert_same(generate(spec, [p], GREEDY)[0], w)
+    for got, w in zip(generate(spec, PROMPTS, GREEDY), want, strict=True):
+        assert_same(got, w)
+    stats = spec.engine.spec_stats()
+    assert stats["num_drafts"] > 50 and stats["drafted_per_position"][2] > 0
+    # Tight: 40 blocks of 4 cannot hold all five at full length, 16 tokens a step chunk prefills.
+    tight = eagle(model_dir, head, num_kv_blocks=40, max_num_batched_tokens=16, spec={"disable_by_batch_size": 8})
+    engine = tight.engine
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(str(i), p, GREEDY)
+    got: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            got[d.request_id].extend(d.new_token_ids)
+        assert_consistent(engine)
+    assert engine.scheduler.num_preemptions > 0
+    assert [got[str(i)] for i in range(len(PROMPTS))] == [w.token_ids for w in want]
+    assert not engine.drafter.contexts, "finished sequences' head context is released"
+
+
+def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path):
+    """The engine's drafting (observe, then k steps on its own states) and the trainer's
+    unrolled forward are the same computation: fed the engine's own drafts as the tokens, the
+    trainer's step-j prediction at the last position is the engine's j-th draft."""
+    model_dir = checkpoint_factory("llama")
+    head_dir = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=128, seed=3)
+    llm = eagle(model_dir, head_dir, k=4)
+    engine = llm.engine
+    prompt = PROMPTS[0]
+    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()  # prefill: the head observes the prompt, the first token is sampled
+    seq = engine.requests["r"]
+    drafts = engine.drafter.propose([seq], [4])[0]
+    assert len(drafts) == 4
+    tokens = seq.token_ids + drafts
+    drafter_head = engine.drafter.head
+    features = TargetFeatures(model_dir, engine.drafter.aux_layer_ids)
+    ids = torch.tensor([tokens])
+    aux = features(ids, torch.ones_like(ids))
+    logits = unroll(drafter_head, aux, ids, 4)
+    p = seq.num_tokens - 2  # the last position with a target state the head observed
+    predicted = [int(drafter_head.to_target(step[0, p].argmax())) for step in logits]
+    assert predicted == drafts
+    engine.abort_request("r")
+
+
+def test_demo_pair_is_lossless_and_accepts_most_drafts():
+    """The committed demo model and its trained head: greedy answers (tokens and logprobs) are
+    the plain engine's, and the head's drafts are mostly accepted."""
+    from workers.bench.spec import build_workloads
+
+    chats, _ = build_workloads(4, seed=7)
+    base = plain(DEMO_MODEL, block_size=16)
+    spec = eagle(DEMO_MODEL, DEMO_DRAFT, block_size=16)
+    tokenizer = base.tokenizer
+    prompts = [tokenizer.apply_chat_template(m[:1], tools=t) for kind in chats.values() for m, t in kind]
+    params = SamplingParams(temperature=0.0, max_tokens=64, logprobs=1)
+    want = generate(base, prompts, params)
+    for p, w in zip(prompts, want, strict=True):  # alone
+        assert_same(generate(spec, [p], params)[0], w)
+    for got, w in zip(generate(spec, prompts, params), want, strict=True):  # all eight together
+        assert_same(got, w)
+    stats = spec.engine.spec_stats()
+    assert stats["mean_acceptance_length"] > 2.0, stats
+
+
+def test_a_head_that_does_not_fit_its_target_is_refused(checkpoint_factory, tmp_path):
+    llama, qwen3 = checkpoint_factory("llama"), checkpoint_factory("qwen3", vocab_size=300)
+    head = build_eagle3_head(tmp_path / "head", llama)
+    with pytest.raises(ModelLoadError, match="does not fit the target: the draft's vocab_size is"):
+        eagle(qwen3, head)
+    deep = build_eagle3_head(tmp_path / "deep", llama, aux_layer_ids=[0, 1, 9])
+    with pytest.raises(ModelLoadError, match=r"aux hidden state layers \[9\] are not layers of the target"):
+        eagle(llama, deep)
+    broken = build_eagle3_head(tmp_path / "broken", llama)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["midlayer.self_attn.k_proj.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="midlayer.self_attn.k_proj.weight is missing"):
+        eagle(llama, broken)
+    wild = build_eagle3_head(tmp_path / "wild", llama, draft_vocab_size=64)
+    tensors = load_file(str(wild / "model.safetensors"))
+    tensors["d2t"][-1] = 10**6
+    save_file(tensors, str(wild / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="d2t maps draft ids outside the target vocabulary"):
+        eagle(llama, wild)
+
+
+def test_a_head_with_its_own_embedding_uses_it(checkpoint_factory, tmp_path):
+    """Heads that ship embed_tokens (some public ones do) draft with theirs, not the target's."""
+    model_dir = checkpoint_factory("llama")
+    head_dir = build_eagle3_head(tmp_path / "head", model_dir, seed=5)
+    config = json.loads((model_dir / "config.json").read_text())
+    tensors = load_file(str(head_dir / "model.safetensors"))
+    tensors["embed_tokens.weight"] = torch.randn(config["vocab_size"], config["hidden_size"]) * 3
+    save_file(tensors, str(head_dir / "model.safetensors"))
+    engine = eagle(model_dir, head_dir).engine
+    assert torch.equal(engine.drafter.head.embed_tokens.weight, tensors["embed_tokens.weight"])
+    assert engine.drafter.head.embed_tokens is not engine.model.model.embed_tokens
+    want = generate(plain(model_dir), PROMPTS[:2], GREEDY)
+    for got, w in zip(generate(eagle(model_dir, head_dir), PROMPTS[:2], GREEDY), want, strict=True):
+        assert_same(got, w)
