@@ -65,23 +65,72 @@ def ensure_api_key(user, previous: dict | None) -> tuple[str, list[str]]:
     return secret, [f"created an API key ({secret[:12]}…)"]
 
 
-def ensure_demo(user) -> None:
-    """The demo model registered and valid, and the `demo` deployment wanted running."""
+def _ready_model(name: str, directory, user):
+    """The model registered from `directory` under `name`, validated; its status says if not ready."""
     from controlplane.catalog.models import Model
     from controlplane.catalog.services import register_model, validate_model
+
+    model = Model.objects.filter(name=name).first() or register_model(name=name, source=str(directory), actor=user)
+    return validate_model(model.pk)
+
+
+# Speculation an earlier `make run` gave the demo: before deployments speculated (none, k 4), or
+# n-gram while there was no draft head. Only these are moved to what this run chooses; anything
+# else is the operator's choice and is left alone.
+EARLIER_DEMO_SPECULATION = {("none", 4, None), ("ngram", 3, None), ("eagle3", 3, "demo-draft")}
+NGRAM = {"speculative_method": "ngram", "speculative_k": 3, "draft_model": None}
+
+
+def demo_draft_dir():
+    from workers.demo import MODEL_DIR
+
+    return MODEL_DIR.parent / "draft"  # `make demo-draft` trains it for the demo model
+
+
+def demo_speculation(user, model, draft_dir) -> tuple[dict, list[str]]:
+    """EAGLE-3 with the draft head in `draft_dir` (registered as `demo-draft`) when there is one
+    that fits the demo model, else n-gram; k 3 either way. Notes say why a head was not used."""
+    from controlplane.catalog.services import check_draft
+    from controlplane.common.errors import DomainError
+
+    if not (draft_dir / "config.json").is_file():
+        return NGRAM, []
+    try:
+        draft = _ready_model("demo-draft", draft_dir, user)
+        if draft.status != "ready":
+            raise DomainError(draft.status_message)
+        check_draft(draft, model)
+    except DomainError as exc:
+        return NGRAM, [f"the demo speculates with n-gram: the draft head in {draft_dir} is not usable ({exc})"]
+    return {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": draft}, []
+
+
+def ensure_demo(user, draft_dir=None) -> list[str]:
+    """The demo model registered and valid, and the `demo` deployment wanted running, with the
+    speculation `demo_speculation` chooses (the draft head: workers/demo/draft by default).
+    Returns notes for the operator."""
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Deployment
     from workers.demo import MODEL_DIR
 
-    model = Model.objects.filter(name="demo").first() or register_model(name="demo", source=str(MODEL_DIR), actor=user)
-    model = validate_model(model.pk)
+    model = _ready_model("demo", MODEL_DIR, user)
     if model.status != "ready":
         raise SystemExit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
+    speculation, notes = demo_speculation(user, model, draft_dir or demo_draft_dir())
     demo = Deployment.objects.filter(slug="demo").first()
     if demo is None:
-        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1}, actor=user)
-    elif demo.desired_state != "running":
+        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1, **speculation}, actor=user)
+        return notes
+    current = (demo.speculative_method, demo.speculative_k, demo.draft_model.name if demo.draft_model else None)
+    wanted = {k: v for k, v in speculation.items() if getattr(demo, k) != v}
+    if wanted and current in EARLIER_DEMO_SPECULATION:
+        demo = deployments.update_deployment(demo, wanted, actor=user)
+        notes.append(f"the demo deployment now speculates with {speculation['speculative_method']}")
+        if demo.desired_state == "running":
+            deployments.restart(demo, actor=user)  # replicas still running roll onto it
+    if demo.desired_state != "running":
         deployments.start(demo, actor=user)
+    return notes
 
 
 def bootstrap(previous: dict | None) -> dict:
@@ -89,7 +138,7 @@ def bootstrap(previous: dict | None) -> dict:
 
     user, password, notes = ensure_admin(previous)
     api_key, key_notes = ensure_api_key(user, previous)
-    ensure_demo(user)
+    notes += ensure_demo(user)
     # run.py's own token for polling the API; only its hash is kept, so a fresh one each run
     # (tokens the operator made with create_token have other names and are left alone).
     revoke_tokens(user, name=KEY_NAME)

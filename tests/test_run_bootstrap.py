@@ -75,3 +75,53 @@ def test_a_wiped_database_gets_the_remembered_password_back():
     key, notes = ensure_api_key(user, remembered)
     assert password == "remembered-pw" and user.check_password("remembered-pw")
     assert key != remembered["api_key"] and notes[0].startswith("ROTATED")
+
+
+def test_the_demo_speculates_with_ngram_without_a_draft_head(tmp_path):
+    from controlplane.deployments.models import Deployment
+    from scripts.bootstrap import ensure_demo
+
+    user, _, _ = ensure_admin(None)
+    assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == []
+    demo = Deployment.objects.get(slug="demo")
+    assert (demo.speculative_method, demo.speculative_k, demo.draft_model) == ("ngram", 3, None)
+
+
+def test_the_demo_speculates_with_eagle3_once_a_draft_head_is_there(tmp_path):
+    from controlplane.deployments.models import Deployment
+    from scripts.bootstrap import ensure_demo
+    from tests.engine.checkpoints import build_eagle3_head
+    from workers.demo import MODEL_DIR
+
+    user, _, _ = ensure_admin(None)
+    ensure_demo(user, draft_dir=tmp_path / "no-draft")  # an earlier run, before the head landed
+    head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
+    assert ensure_demo(user, draft_dir=head) == ["the demo deployment now speculates with eagle3"]
+    demo = Deployment.objects.get(slug="demo")
+    assert (demo.speculative_method, demo.speculative_k, demo.draft_model.name) == ("eagle3", 3, "demo-draft")
+    assert demo.generation == 2  # running replicas roll onto it
+    assert ensure_demo(user, draft_dir=head) == []  # and nothing changes on the next run
+
+
+def test_a_draft_head_that_does_not_fit_leaves_the_demo_on_ngram_and_says_why(tmp_path, model_dir):
+    from controlplane.deployments.models import Deployment
+    from scripts.bootstrap import ensure_demo
+    from tests.engine.checkpoints import build_eagle3_head
+
+    user, _, _ = ensure_admin(None)
+    head = build_eagle3_head(tmp_path / "draft", model_dir)  # for another model (vocabulary 320)
+    [note] = ensure_demo(user, draft_dir=head)
+    assert note.startswith("the demo speculates with n-gram: the draft head in") and "does not fit" in note
+    assert Deployment.objects.get(slug="demo").speculative_method == "ngram"
+
+
+def test_speculation_the_operator_chose_for_the_demo_is_left_alone(tmp_path):
+    from controlplane.deployments.models import Deployment
+    from controlplane.deployments.services import update_deployment
+    from scripts.bootstrap import ensure_demo
+
+    user, _, _ = ensure_admin(None)
+    ensure_demo(user, draft_dir=tmp_path / "no-draft")
+    update_deployment(Deployment.objects.get(slug="demo"), {"speculative_method": "none", "speculative_k": 2})
+    assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == []
+    assert Deployment.objects.get(slug="demo").speculative_method == "none"
