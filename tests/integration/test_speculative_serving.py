@@ -1,0 +1,113 @@
+"""Speculative decoding through the whole stack: uvicorn (gateway), the control worker, a node
+agent and the replica processes it starts for three deployments of the demo model, without
+speculation, with n-gram and with EAGLE-3 (a random head: its guesses are mostly wrong, which the
+target's verification must catch). Greedy answers stream the same text from all three; /metrics
+and the telemetry points show what the speculating replicas drafted."""
+
+from __future__ import annotations
+
+import uuid
+
+import openai
+import pytest
+
+from tests.engine.checkpoints import build_eagle3_head
+from tests.support.stack import (
+    committed,
+    demo_model,
+    metric,
+    processes,
+    stack_env,
+    wait_for,
+    wait_online,
+    wait_ready,
+    wait_web,
+)
+from workers.bench.processes import free_port
+from workers.demo import MODEL_DIR
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
+METHODS = ("none", "ngram", "eagle3")
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of Japan?"}],
+    [{"role": "user", "content": "Repeat after me: the capital of France is Paris, the capital of Japan is Tokyo."}],
+]
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+
+    from controlplane.catalog.services import register_model, validate_model
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+
+    state = tmp_path_factory.mktemp("speculative")
+    head = build_eagle3_head(tmp_path_factory.mktemp("draft") / "head", MODEL_DIR, draft_vocab_size=512)
+    node, port = f"spec-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="2")
+    with committed(django_db_blocker):
+        owner = get_user_model().objects.create_user("spec-owner", is_staff=True)
+        model = demo_model()
+        draft = validate_model(register_model(name="random-head", source=str(head)).pk)
+        assert draft.status == "ready", draft.status_message
+        with processes(state, node, env, web_port=port):
+            wait_online(node)
+            settings = {
+                "none": {},
+                "ngram": {"speculative_method": "ngram", "speculative_k": 3},
+                "eagle3": {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": draft},
+            }
+            for method in METHODS:
+                create_deployment({"slug": method, "model": model, "replicas": 1, **settings[method]})
+            _, secret = create_api_key(name="all", owner=owner)
+            replicas = {method: wait_ready(method, 1, 120)[0] for method in METHODS}
+            base = f"http://127.0.0.1:{port}"
+            wait_web(base)
+            yield {"base": base, "key": secret, "replicas": replicas}
+
+
+@pytest.fixture
+def client(stack):
+    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+
+
+def streamed(client, deployment: str, messages: list[dict]) -> str:
+    stream = client.chat.completions.create(model=deployment, messages=messages, temperature=0, max_tokens=32,
+                                            stream=True)  # fmt: skip
+    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+@pytest.mark.parametrize("messages", PROMPTS)
+def test_speculating_deployments_stream_the_same_greedy_text(client, messages):
+    plain = streamed(client, "none", messages)
+    assert plain
+    assert streamed(client, "ngram", messages) == plain
+    assert streamed(client, "eagle3", messages) == plain
+
+
+def test_the_speculating_replicas_report_their_drafts_to_metrics_and_telemetry(client, stack):
+    from controlplane.common import redis as redis_client
+    from controlplane.telemetry.history import sample
+
+    replica = {method: str(r.pk) for method, r in stack["replicas"].items()}
+    for method in METHODS:
+        streamed(client, method, PROMPTS[1])
+
+    def drafts(method: str) -> float:
+        return metric(stack["base"], "switchyard_spec_drafts_total", replica=replica[method])
+
+    for method in ("ngram", "eagle3"):
+        wait_for(lambda method=method: drafts(method) > 0, 5, f"the {method} replica's drafts in /metrics")
+        accepted = metric(stack["base"], "switchyard_spec_accepted_tokens_total", replica=replica[method], position="0")
+        drafted = metric(stack["base"], "switchyard_spec_draft_tokens_total", replica=replica[method], position="0")
+        assert 0 <= accepted <= drafted == drafts(method)
+        assert metric(stack["base"], "switchyard_spec_mean_acceptance_length", replica=replica[method]) >= 1
+    assert drafts("none") == 0  # no series at all for a replica that does not speculate
+
+    points = sample(redis_client.client())
+    assert points["none"]["speculation"] is None
+    for method in ("ngram", "eagle3"):
+        spec = points[method]["speculation"]
+        assert spec["num_drafts"] > 0 and len(spec["acceptance_per_position"]) == 3
+        assert spec["mean_acceptance_length"] >= 1
