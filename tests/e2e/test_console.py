@@ -40,7 +40,9 @@ def site(django_db_setup, django_db_blocker, tmp_path_factory):
         model = demo_model()
         with processes(state, node, env, web_port=port, beat=True):
             wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1})
+            # Speculating as make run's demo does without a draft head.
+            create_deployment({"slug": "demo", "model": model, "replicas": 1, "speculative_method": "ngram",
+                               "speculative_k": 3})  # fmt: skip
             wait_ready("demo", 1, 90)
             yield f"http://127.0.0.1:{port}"
 
@@ -174,3 +176,20 @@ def test_overview_charts_move_live(page):
     shot(page, "overview-live")
     meta = json.dumps({"points_when_opened": first})
     (ARTIFACTS / "overview.json").write_text(meta)
+
+
+def test_overview_shows_the_speculation_of_the_demo(page):
+    # The answer repeats words of the question: the n-gram drafter guesses from them.
+    page.get_by_role("link", name="Playground", exact=True).click()
+    page.get_by_label("Deployment").select_option("demo")
+    page.get_by_label("Message").fill("What is the capital of Japan?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("log").locator(".stats")).to_contain_text("done", timeout=30_000)
+    page.get_by_role("link", name="Overview", exact=True).click()
+    panel = page.locator('[data-deployment="demo"] [data-testid="speculation"]')
+    expect(panel.get_by_test_id("speculation-method")).to_have_text("ngram, k 3")
+    expect(panel.get_by_test_id("acceptance-length")).to_have_text(re.compile(r"^\d+\.\d\d$"), timeout=15_000)
+    rows = panel.get_by_role("table", name="Acceptance by position").locator("tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.first.locator(".rate")).to_have_text(re.compile(r"^\d+%$"))
+    shot(page, "overview-speculation")

@@ -28,9 +28,12 @@ from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 METHODS = ("none", "ngram", "eagle3")
+# Answers that repeat words of their questions (the n-gram drafter guesses from them), and a
+# tool call that copies its argument from the question.
 PROMPTS = [
-    [{"role": "user", "content": "What is the capital of Japan?"}],
-    [{"role": "user", "content": "Repeat after me: the capital of France is Paris, the capital of Japan is Tokyo."}],
+    ("What is the capital of Japan?", False),
+    ("What is the capital of France?", False),
+    ("What is the weather in Paris?", True),
 ]
 
 
@@ -72,18 +75,28 @@ def client(stack):
     return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
 
 
-def streamed(client, deployment: str, messages: list[dict]) -> str:
-    stream = client.chat.completions.create(model=deployment, messages=messages, temperature=0, max_tokens=32,
-                                            stream=True)  # fmt: skip
-    return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+def streamed(client, deployment: str, question: str, tools: bool) -> str:
+    """The greedy answer's text as streamed, tool calls' names and arguments included."""
+    from workers.demo.corpus import tool_schemas
+
+    extra = {"tools": tool_schemas()} if tools else {}
+    stream = client.chat.completions.create(model=deployment, messages=[{"role": "user", "content": question}],
+                                            temperature=0, max_tokens=32, stream=True, **extra)  # fmt: skip
+    parts = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            for call in choice.delta.tool_calls or []:
+                parts += [call.function.name or "", call.function.arguments or ""]
+    return "".join(parts)
 
 
-@pytest.mark.parametrize("messages", PROMPTS)
-def test_speculating_deployments_stream_the_same_greedy_text(client, messages):
-    plain = streamed(client, "none", messages)
-    assert plain
-    assert streamed(client, "ngram", messages) == plain
-    assert streamed(client, "eagle3", messages) == plain
+@pytest.mark.parametrize(("question", "tools"), PROMPTS)
+def test_speculating_deployments_stream_the_same_greedy_text(client, question, tools):
+    plain = streamed(client, "none", question, tools)
+    assert ("get_weather" in plain) if tools else plain
+    assert streamed(client, "ngram", question, tools) == plain
+    assert streamed(client, "eagle3", question, tools) == plain
 
 
 def test_the_speculating_replicas_report_their_drafts_to_metrics_and_telemetry(client, stack):
@@ -92,7 +105,7 @@ def test_the_speculating_replicas_report_their_drafts_to_metrics_and_telemetry(c
 
     replica = {method: str(r.pk) for method, r in stack["replicas"].items()}
     for method in METHODS:
-        streamed(client, method, PROMPTS[1])
+        streamed(client, method, *PROMPTS[0])
 
     def drafts(method: str) -> float:
         return metric(stack["base"], "switchyard_spec_drafts_total", replica=replica[method])
