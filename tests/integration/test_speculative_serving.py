@@ -48,7 +48,9 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     state = tmp_path_factory.mktemp("speculative")
     head = build_eagle3_head(tmp_path_factory.mktemp("draft") / "head", MODEL_DIR, draft_vocab_size=512)
     node, port = f"spec-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="2")
+    # Every prompt of the disaggregated deployment goes through its prefill replica.
+    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="2", PD_LOCAL_PREFILL_TOKENS="0",
+                    CPU_REPLICAS_PER_DEVICE="5")  # fmt: skip
     with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("spec-owner", is_staff=True)
         model = demo_model()
@@ -63,8 +65,11 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
             }
             for method in METHODS:
                 create_deployment({"slug": method, "model": model, "replicas": 1, **settings[method]})
+            create_deployment({"slug": "pd-eagle3", "model": model, "mode": "disaggregated", "replicas": 0,
+                               "prefill_replicas": 1, "decode_replicas": 1, **settings["eagle3"]})  # fmt: skip
             _, secret = create_api_key(name="all", owner=owner)
             replicas = {method: wait_ready(method, 1, 120)[0] for method in METHODS}
+            replicas.update({f"pd-{r.role}": r for r in wait_ready("pd-eagle3", 2, 120)})
             base = f"http://127.0.0.1:{port}"
             wait_web(base)
             yield {"base": base, "key": secret, "replicas": replicas}
@@ -124,3 +129,20 @@ def test_the_speculating_replicas_report_their_drafts_to_metrics_and_telemetry(c
         spec = points[method]["speculation"]
         assert spec["num_drafts"] > 0 and len(spec["acceptance_per_position"]) == 3
         assert spec["mean_acceptance_length"] >= 1
+
+
+def test_a_disaggregated_deployment_speculates_on_its_decode_replica_only(client, stack):
+    """The decode replica drafts with the EAGLE-3 head from KV another replica computed."""
+    question, tools = PROMPTS[0]
+    raw = client.chat.completions.with_raw_response.create(
+        model="pd-eagle3", messages=[{"role": "user", "content": question}], temperature=0, max_tokens=32
+    )
+    decode, prefill = stack["replicas"]["pd-decode"], stack["replicas"]["pd-prefill"]
+    assert raw.headers["x-switchyard-prefill-replica"] == str(prefill.pk)
+    assert raw.parse().choices[0].message.content == streamed(client, "none", question, tools)
+
+    def drafts(replica) -> float:
+        return metric(stack["base"], "switchyard_spec_drafts_total", replica=str(replica.pk))
+
+    wait_for(lambda: drafts(decode) > 0, 5, "the decode replica's drafts in /metrics")
+    assert drafts(prefill) == 0
