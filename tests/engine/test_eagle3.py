@@ -105,6 +105,11 @@ def test_demo_pair_is_lossless_and_accepts_most_drafts():
         assert_same(got, w)
     stats = spec.engine.spec_stats()
     assert stats["mean_acceptance_length"] > 2.0, stats
+    # Stop strings ending inside an accepted run: a piece of the middle of each answer.
+    for p, w in zip(prompts, want, strict=True):
+        stop = w.text[len(w.text) // 2 : len(w.text) // 2 + 3]
+        stopped = SamplingParams(temperature=0.0, max_tokens=64, logprobs=1, stop=[stop])
+        assert_same(generate(spec, [p], stopped)[0], generate(base, [p], stopped)[0])
 
 
 def test_a_head_that_does_not_fit_its_target_is_refused(checkpoint_factory, tmp_path):

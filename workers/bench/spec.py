@@ -104,7 +104,9 @@ class Pass:
 
 
 class Engine:
-    """One LLM with its drafter's `propose` timed (the bench's own wrapper, on the instance)."""
+    """One LLM with its drafter's `propose` and `observe` timed (the bench's own wrappers, on
+    the instance): EAGLE-3 feeds its head the target's states inside the step (`observe`),
+    which is drafting cost, not verification's."""
 
     def __init__(self, method: str, model: str, draft: str, k: int):
         spec = None
@@ -117,9 +119,10 @@ class Engine:
         self.engine = self.llm.engine
         self.k = k
         self.last_draft: tuple[float, int] | None = None  # (seconds, tokens) of this step's draft run
+        self.observe_seconds = 0.0  # this step's feeding of the head
         self._ids = 0
         if self.engine.drafter is not None:
-            inner = self.engine.drafter.propose
+            inner, inner_observe = self.engine.drafter.propose, self.engine.drafter.observe
 
             def propose(seqs, max_tokens):
                 t = time.perf_counter()
@@ -127,7 +130,13 @@ class Engine:
                 self.last_draft = (time.perf_counter() - t, max(map(len, drafts), default=0))
                 return drafts
 
+            def observe(seq, start, aux_hidden):
+                t = time.perf_counter()
+                inner_observe(seq, start, aux_hidden)
+                self.observe_seconds += time.perf_counter() - t
+
             self.engine.drafter.propose = propose
+            self.engine.drafter.observe = observe
 
     def run(self, prompts: list[list[int]], batch: int) -> Pass:
         engine = self.engine
@@ -146,10 +155,12 @@ class Engine:
             tokens: dict[str, list[int]] = {rid: [] for rid in rids}
             first = True
             while engine.has_unfinished_requests():
-                self.last_draft = None
+                self.last_draft, self.observe_seconds = None, 0.0
                 t = time.perf_counter()
                 deltas = engine.step()
-                dt = time.perf_counter() - t
+                # The step without feeding the head; a draft run is its propose plus that feeding
+                # (which is what the next step's propose reads).
+                dt = time.perf_counter() - t - self.observe_seconds
                 for d in deltas:
                     tokens[d.request_id].extend(d.new_token_ids)
                 if batch == 1:
@@ -157,7 +168,7 @@ class Engine:
                         out.steps["prefill"].append(dt)
                     elif self.last_draft and self.last_draft[1] == self.k:
                         out.steps["verify"].append(dt - self.last_draft[0])
-                        out.draft_seconds.append(self.last_draft[0])
+                        out.draft_seconds.append(self.last_draft[0] + self.observe_seconds)
                     elif self.last_draft and self.last_draft[1]:
                         out.steps["verify_short"].append(dt - self.last_draft[0])
                     else:  # nothing drafted (or no drafter): a plain decode step
