@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from tests.engine.checkpoints import build_eagle3_head
 from tests.engine.test_spec_decode import GREEDY, PROMPTS, assert_consistent, assert_same, generate
 from workers.engine import LLM, SamplingParams
-from workers.engine.errors import ModelLoadError
+from workers.engine.errors import ModelLoadError, RequestError
+from workers.engine.spec import SpeculativeConfig
 from workers.spec.train_eagle3 import TargetFeatures, unroll
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
@@ -148,3 +149,14 @@ def test_a_head_with_its_own_embedding_uses_it(checkpoint_factory, tmp_path):
     want = generate(plain(model_dir), PROMPTS[:2], GREEDY)
     for got, w in zip(generate(eagle(model_dir, head_dir), PROMPTS[:2], GREEDY), want, strict=True):
         assert_same(got, w)
+
+
+def test_speculation_defaults_per_method():
+    """Each method stops speculating above its own measured batch size (spec/config.py)."""
+    eagle3 = SpeculativeConfig.from_dict({"method": "eagle3", "model": "/x", "num_speculative_tokens": 3})
+    ngram = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert (eagle3.disable_by_batch_size, ngram.disable_by_batch_size) == (2, 4)
+    chosen = {"method": "eagle3", "model": "/x", "num_speculative_tokens": 3, "disable_by_batch_size": 6}
+    assert SpeculativeConfig.from_dict(chosen).disable_by_batch_size == 6
+    with pytest.raises(RequestError, match="unknown keys \\['prompt_lookup_max'\\] for method 'eagle3'"):
+        SpeculativeConfig.from_dict({**chosen, "prompt_lookup_max": 3})

@@ -112,7 +112,8 @@ def test_config_builds_the_drafter():
     [
         ({"method": "medusa", "num_speculative_tokens": 3}, "unknown speculative method 'medusa'"),
         ({"num_speculative_tokens": 3}, "unknown speculative method None"),
-        ({"method": "eagle3", "model": "/x", "num_speculative_tokens": 3}, "'eagle3' is not built yet"),
+        ({"method": "eagle3", "num_speculative_tokens": 3}, "'eagle3' needs 'model'"),
+        ({"method": "eagle3", "model": 7, "num_speculative_tokens": 3}, "'eagle3' needs 'model'"),
         ({"method": "ngram"}, "needs num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
         ({"method": "ngram", "num_speculative_tokens": True}, "must be a positive integer"),

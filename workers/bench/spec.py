@@ -130,9 +130,9 @@ class Engine:
                 self.last_draft = (time.perf_counter() - t, max(map(len, drafts), default=0))
                 return drafts
 
-            def observe(seq, start, aux_hidden):
+            def observe(entries):
                 t = time.perf_counter()
-                inner_observe(seq, start, aux_hidden)
+                inner_observe(entries)
                 self.observe_seconds += time.perf_counter() - t
 
             self.engine.drafter.propose = propose

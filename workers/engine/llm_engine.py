@@ -247,15 +247,15 @@ class LLMEngine:
         step kept (all of a prefill chunk or decode; a verify's last token and accepted drafts)."""
         started = time.perf_counter()
         aux = self.runner.aux_hidden_states
-        row = 0
+        entries, row = [], 0
         for item, start in zip(batch.all, starts, strict=True):
             seq = item.seq
             if seq.is_finished:
                 self.drafter.release(seq)
             else:
-                kept = seq.num_computed_tokens - start
-                self.drafter.observe(seq, start, aux[row : row + kept])
+                entries.append((seq, start, aux[row : row + seq.num_computed_tokens - start]))
             row += item.num_tokens
+        self.drafter.observe(entries)
         self.spec.draft_seconds += time.perf_counter() - started
 
     def _propose(self) -> dict[Sequence, list[int]]:

@@ -12,9 +12,12 @@ from workers.engine.spec.ngram import NgramDrafter
 from workers.engine.spec.stats import SpecStats
 
 
-def make_drafter(config: SpeculativeConfig, target, target_config: dict, device, dtype) -> Drafter:
-    """The drafter for `config`; an EAGLE-3 head is loaded (checked against the target, whose
-    embedding it shares unless it has its own) and the target told which layers to keep."""
+def make_drafter(
+    config: SpeculativeConfig, target=None, target_config: dict | None = None, device=None, dtype=None
+) -> Drafter:
+    """The drafter for `config`. EAGLE-3 needs the target (model, config.json, device, dtype):
+    its head is loaded, checked against the target, whose embedding it shares unless it has its
+    own, and the target is told which layers' states to keep."""
     if config.method == "ngram":
         return NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     from workers.engine.spec.eagle3 import Eagle3Drafter, load_eagle3

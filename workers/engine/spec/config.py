@@ -21,8 +21,12 @@ MAX_SPECULATIVE_TOKENS = 16
 # Measured on the 2-core CPU (docs/engine.md, k = 3, every draft rejected): a verify step costs
 # 1.26x a plain decode step at batch 1, 1.5x at 2, 1.85x at 4, 2.5x at 8 (demo model; SmolLM-135M's
 # shape alike). n-gram runs on copy-heavy text yield ~2.5-3 tokens a draft, so speculation pays up
-# to 4 running sequences and no longer at 8 (the tool-call workload ran 0.91x there).
-DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+# to 4 running sequences and no longer at 8 (the tool-call workload ran 0.91x there). An EAGLE-3
+# draft run costs ~0.8 of a demo-model decode step at batch 1 and grows with the batch (one
+# batched pass per draft step, attention per sequence): with its demo head (acceptance length
+# ~3.6) tool calls and chat ran 1.28x, 1.13x, 1.00x, 0.89x, 0.79x at batch 1, 2, 3, 4, 8 with
+# speculation forced on, so it stops above 2.
+DEFAULT_DISABLE_BY_BATCH_SIZE = {"ngram": 4, "eagle3": 2}
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class SpeculativeConfig:
     # tool calls copied from the conversation ran as fast with 2 as with 1.
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    disable_by_batch_size: int = 0  # 0: the method's default (DEFAULT_DISABLE_BY_BATCH_SIZE)
     model: str | None = None  # eagle3: the draft head's directory
 
     @classmethod
@@ -60,6 +64,7 @@ class SpeculativeConfig:
         if method == "eagle3" and (not isinstance(model, str) or not model):
             raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
         values = {name: _positive_int(name, value) for name, value in raw.items()}
+        values.setdefault("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE[method])
         config = cls(method=method, model=model, **values)
         if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise RequestError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}")

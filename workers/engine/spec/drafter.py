@@ -9,7 +9,8 @@ accepted, so a drafter with nothing good to say proposes nothing.
 A drafter that reads the target's hidden states (EAGLE-3, spec/eagle3.py) names the target
 layers in `aux_layer_ids`; the model runner then returns those layers' outputs for every token
 it computes, and after the step the engine hands each sequence the rows it kept (`observe`:
-prefill chunks, a decode's token, a verify's last token and accepted drafts). Deterministic
+prefill chunks, a decode's token, a verify's last token and accepted drafts), all of the
+batch's at once, so a drafter can run them as one batch. Deterministic
 guesses need no probabilities: a drafter that samples its guesses would return its q as well
 (spec/rejection.py takes it).
 """
@@ -33,9 +34,10 @@ class Drafter:
         order; an empty list when it has none."""
         raise NotImplementedError
 
-    def observe(self, seq: Sequence, start: int, aux_hidden: torch.Tensor) -> None:
-        """The target's aux-layer states [n, ...] at positions start..start+n-1 of `seq`, whose
-        K/V it kept this step (only called when `aux_layer_ids` is set)."""
+    def observe(self, entries: list[tuple[Sequence, int, torch.Tensor]]) -> None:
+        """For each (seq, start, states): the target's aux-layer states [n, ...] at positions
+        start..start+n-1 of `seq`, whose K/V the step kept (called only when `aux_layer_ids`
+        is set, once a step for the whole batch)."""
 
     def release(self, seq: Sequence) -> None:
         """`seq` finished or was aborted: drop what is kept for it."""

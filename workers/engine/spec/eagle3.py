@@ -99,13 +99,17 @@ class Eagle3Head(nn.Module):
 
     def attention_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """(q, k, v, residual) for entries of (token, state): q [n, heads, hd], k/v [n, kv_heads, hd]."""
-        hd = self.spec.head_dim
+        spec, hd = self.spec, self.spec.head_dim
         x = torch.cat((self.input_layernorm(self.embed_tokens(token_ids)), self.hidden_norm(hidden)), dim=-1)
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        qkv = self.qkv_proj(x)
         rope = self.cos_sin.index_select(0, positions)
-        q = rotate(q.reshape(-1, self.spec.num_heads, hd), rope)
-        k = rotate(k.reshape(-1, self.spec.num_kv_heads, hd), rope)
-        return q, k, v.reshape(-1, self.spec.num_kv_heads, hd), hidden
+        v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, hd)
+        qk = qkv[:, : self.q_size + self.kv_size].reshape(-1, spec.num_heads + spec.num_kv_heads, hd)
+        # Drafting turns q and k in one kernel call (a draft step is dozens of tiny ops, each
+        # costing its launch); training needs the differentiable form.
+        qk = rotate(qk, rope) if torch.is_grad_enabled() else kernels.apply_rotary(qk, rope)
+        q, k = qk.split((spec.num_heads, spec.num_kv_heads), dim=1)
+        return q, k, v, hidden
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Attention output [n, heads, hd] → the entry's state before the final norm, which is
@@ -194,14 +198,39 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return out.transpose(0, 1)
 
 
+class _KV:
+    """A sequence's head K/V in a buffer that grows by doubling, so each entry is written once
+    rather than the whole context copied by every step's concatenation."""
+
+    __slots__ = ("k", "length", "v")
+
+    def __init__(self, like: torch.Tensor, capacity: int):
+        self.k = like.new_empty((capacity, *like.shape[1:]))
+        self.v = like.new_empty((capacity, *like.shape[1:]))
+        self.length = 0
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k/v at entries at.. and return the K/V up to them; `at` < length overwrites a
+        draft run's entries (they are never kept)."""
+        end = at + k.shape[0]
+        if end > self.k.shape[0]:
+            grown = max(end, 2 * self.k.shape[0])
+            self.k = torch.cat((self.k[:at], self.k.new_empty((grown - at, *self.k.shape[1:]))))
+            self.v = torch.cat((self.v[:at], self.v.new_empty((grown - at, *self.v.shape[1:]))))
+        self.k[at:end] = k
+        self.v[at:end] = v
+        return self.k[:end], self.v[:end]
+
+
 class _Context:
     """One sequence's head context: K/V of its observed entries, and where it stands."""
 
-    __slots__ = ("k", "last_state", "next_position", "v")
+    __slots__ = ("kv", "last_state", "next_position", "observed")
 
     def __init__(self, position: int):
         self.next_position = position  # the position the next observed entry must have
-        self.k = self.v = None
+        self.kv: _KV | None = None
+        self.observed = 0  # entries of kv that are observed (after them: a draft run's, scratch)
         self.last_state: torch.Tensor | None = None
 
 
@@ -212,48 +241,80 @@ class Eagle3Drafter(Drafter):
         self.aux_layer_ids = aux_layer_ids
         self.contexts: weakref.WeakKeyDictionary[Sequence, _Context] = weakref.WeakKeyDictionary()
         self._device = head.fc.weight.device
+        self._positions = torch.arange(head.spec.max_position_embeddings, device=self._device)
 
     @torch.inference_mode()
-    def observe(self, seq: Sequence, start: int, aux_hidden: torch.Tensor) -> None:
-        ctx = self.contexts.get(seq)
-        if ctx is None or ctx.next_position != start:  # new, recomputed after preemption, or a gap
-            ctx = self.contexts[seq] = _Context(start)
-        tokens = seq.token_ids[start + 1 : start + 1 + aux_hidden.shape[0]]  # each row's next token
-        if not tokens:
+    def observe(self, entries: list[tuple[Sequence, int, torch.Tensor]]) -> None:
+        """Feed each sequence's kept rows through the head: one batched pass over all of them,
+        attention per sequence over its own context."""
+        work: list[tuple[_Context, int]] = []
+        tokens: list[int] = []
+        states, positions = [], []
+        for seq, start, aux_hidden in entries:
+            ctx = self.contexts.get(seq)
+            if ctx is None or ctx.next_position != start:  # new, recomputed after preemption, or a gap
+                ctx = self.contexts[seq] = _Context(start)
+            following = seq.token_ids[start + 1 : start + 1 + aux_hidden.shape[0]]  # each row's next token
+            n = len(following)
+            if start + n + self.k > len(self._positions):  # past the head's context: it drafts no more
+                self.contexts.pop(seq, None)
+                continue
+            if n:
+                work.append((ctx, n))
+                tokens.extend(following)
+                states.append(aux_hidden[:n])
+                positions.append(self._positions[start : start + n])
+                ctx.next_position = start + n
+        if not work:
             return
         head = self.head
-        n = len(tokens)
-        positions = torch.arange(start, start + n, device=self._device)
         token_ids = torch.tensor(tokens, device=self._device)
-        q, k, v, residual = head.attention_inputs(token_ids, head.fuse(aux_hidden[:n]), positions)
-        if ctx.k is not None:
-            k, v = torch.cat((ctx.k, k)), torch.cat((ctx.v, v))
-        states = head.finish(causal_attention(q, k, v), residual)
-        ctx.k, ctx.v = k, v
-        ctx.last_state = states[-1:]
-        ctx.next_position = start + n
+        q, k, v, residual = head.attention_inputs(token_ids, head.fuse(torch.cat(states)), torch.cat(positions))
+        outs, row = [], 0
+        for ctx, n in work:
+            if ctx.kv is None:
+                ctx.kv = _KV(k, max(64, 2 * n + self.k))
+            k_all, v_all = ctx.kv.extend(k[row : row + n], v[row : row + n], ctx.observed)
+            outs.append(causal_attention(q[row : row + n], k_all, v_all))
+            ctx.observed += n
+            row += n
+        out = head.finish(torch.cat(outs) if len(outs) > 1 else outs[0], residual)
+        row = 0
+        for ctx, n in work:
+            row += n
+            ctx.last_state = out[row - 1 : row]
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
-        return [self._draft(seq, min(self.k, limit)) for seq, limit in zip(seqs, max_tokens, strict=True)]
-
-    def _draft(self, seq: Sequence, n: int) -> list[int]:
-        ctx = self.contexts.get(seq)
-        if ctx is None or ctx.last_state is None or ctx.next_position != seq.num_tokens - 1:
-            return []  # the head has not seen this sequence's latest state
+        """Every sequence's run in one batched pass per draft step (attention per sequence)."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        active = []
+        for i, (seq, limit) in enumerate(zip(seqs, max_tokens, strict=True)):
+            ctx = self.contexts.get(seq)
+            if ctx is not None and ctx.last_state is not None and ctx.next_position == seq.num_tokens - 1:
+                active.append((i, ctx, min(self.k, limit)))
+            # else: the head has not seen this sequence's latest state (it drafts from the next step)
+        if not active:
+            return drafts
         head = self.head
-        state, k_ctx, v_ctx = ctx.last_state, ctx.k, ctx.v
-        position = ctx.next_position
+        state = torch.cat([ctx.last_state for _, ctx, _ in active]) if len(active) > 1 else active[0][1].last_state
         token = head.to_target(head.logits(state).argmax(dim=-1))
-        draft = [token]
-        for _ in range(n - 1):
-            q, k, v, residual = head.attention_inputs(token, state, torch.tensor([position], device=self._device))
-            k_ctx, v_ctx = torch.cat((k_ctx, k)), torch.cat((v_ctx, v))
-            state = head.finish(causal_attention(q, k_ctx, v_ctx), residual)
+        guesses = [token]
+        first = torch.tensor([ctx.next_position for _, ctx, _ in active], device=self._device)
+        for j in range(max(n for _, _, n in active) - 1):
+            q, k, v, residual = head.attention_inputs(token, state, first + j)
+            outs = []
+            for r, (_, ctx, _) in enumerate(active):
+                # Entries past the observed ones are scratch: the next observe overwrites them.
+                k_all, v_all = ctx.kv.extend(k[r : r + 1], v[r : r + 1], ctx.observed + j)
+                outs.append(causal_attention(q[r : r + 1], k_all, v_all))
+            state = head.finish(torch.cat(outs) if len(outs) > 1 else outs[0], residual)
             token = head.to_target(head.logits(state).argmax(dim=-1))
-            draft.append(token)
-            position += 1
-        return [int(t) for t in torch.cat(draft).tolist()]
+            guesses.append(token)
+        table = torch.stack(guesses, dim=1).tolist()
+        for (i, _, n), row in zip(active, table, strict=True):
+            drafts[i] = row[:n]
+        return drafts
 
     def release(self, seq: Sequence) -> None:
         self.contexts.pop(seq, None)
