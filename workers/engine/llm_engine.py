@@ -213,8 +213,7 @@ class LLMEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        speculating = self._speculating()
-        drafts = self._propose() if speculating else {}
+        drafts = self._propose() if self._speculating() else {}
         batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
             return []
@@ -234,7 +233,9 @@ class LLMEngine:
         else:
             deltas = self._verify(logits, sampling)
             self.spec.verify_seconds += time.perf_counter() - verify_started
-        if speculating and self.drafter.aux_layer_ids is not None:
+        # Feed a hidden-state drafter when the next step will draft (the batch as it stands now:
+        # a large batch's prefill is not fed, since it would not draft).
+        if self.drafter is not None and self.drafter.aux_layer_ids is not None and self._speculating():
             self._observe(batch, starts)
         return deltas
 
