@@ -15,6 +15,14 @@ at least the least-loaded replica always qualifies), and always below MIN_LOAD_C
 `base + weight·load` wins; ties go to the most free KV blocks, then to the first candidate. A
 session's binding, when its replica is eligible, wins outright.
 
+Placing a session key anew (unbound, or moved off a replica over the bound), the same bound
+applies to the sessions each replica holds: a replica is eligible for the key only while its
+live bindings are under ⌈c·(Σsessions + 1)/n⌉ (the least-bound replica always qualifies; if no
+replica is under both bounds, the load bound alone decides). The load bound alone almost never
+moves a key: with think times between turns a replica rarely has MIN_LOAD_CAP requests in
+flight, so where 28 sessions of 8-30 turns hashed decided the load (the cache benchmark's
+`session` policy had 1.55x the mean requests on one replica). Bound keys never move for it.
+
 The policies (a cache policy's `routing`):
 - `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
 - `least_loaded`: the lowest load (base 0, weight 1, no bound).
@@ -112,10 +120,19 @@ def load_cap(loads: list[int], factor: float) -> float:
     return max(math.ceil(factor * (sum(loads) + 1) / len(loads)), MIN_LOAD_CAP)
 
 
-def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None) -> int:
-    """The index of the candidate the rule chooses, given each one's gateway-dispatched count
-    and the replica the plan's session is bound to (the reference implementation of the Lua
-    pick in `dispatched.py`, which reads the binding itself in the same atomic step)."""
+def session_cap(sessions: list[int], factor: float) -> float:
+    """⌈c·(Σsessions + 1)/n⌉: the live session bindings a replica must stay under to take a new
+    key (no floor: with a few sessions it spreads them one by one)."""
+    if factor <= 0 or not sessions:
+        return math.inf
+    return math.ceil(factor * (sum(sessions) + 1) / len(sessions))
+
+
+def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, sessions: list[int] | None = None) -> int:
+    """The index of the candidate the rule chooses, given each one's gateway-dispatched count,
+    the replica the plan's session is bound to and each one's live session bindings (the
+    reference implementation of the Lua pick in `dispatched.py`, which reads the binding and
+    the counts itself in the same atomic step)."""
     loads = [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
     cap = load_cap(loads, plan.load_factor)
     ids = [c.replica_id for c in plan.candidates]
@@ -124,6 +141,9 @@ def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None) -> int:
         if loads[i] < cap:
             return i
     eligible = [i for i, load in enumerate(loads) if load < cap]
+    if plan.session is not None and sessions is not None:
+        scap = session_cap(sessions, plan.load_factor)
+        eligible = [i for i in eligible if sessions[i] < scap] or eligible
     return min(
         eligible,
         key=lambda i: (plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),

@@ -15,7 +15,7 @@ from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.gateway import generation, router, routing
-from controlplane.gateway.dispatched import Dispatched, dispatched_key
+from controlplane.gateway.dispatched import Dispatched, dispatched_key, sessions_key
 from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
@@ -106,7 +106,7 @@ RIDS = [990011, 990012, 990013, 990014]
 
 @pytest_asyncio.fixture
 async def sessions(client):
-    keys = [dispatched_key(r) for r in RIDS]
+    keys = [dispatched_key(r) for r in RIDS] + [sessions_key(r) for r in RIDS]
     await client.delete(*keys)
     yield client
     await client.delete(*keys)
@@ -136,14 +136,23 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             key = f"switchyard:affinity:test-dispatched:{trial}"
             if bound is not None:
                 await sessions.set(key, bound)
+        bindings = {c.replica_id: rng.randrange(0, 6) for c in cands}  # other sessions bound to each
+        for rid, count in bindings.items():
+            await sessions.delete(sessions_key(rid))
+            if count:
+                await sessions.zadd(sessions_key(rid), {f"other{j}": 1e12 for j in range(count)})
         counts = dict(zip((c.replica_id for c in cands), dispatched, strict=True))
         dispatched = [counts[c.replica_id] for c in plan.candidates]  # in the plan's order (a ring's)
-        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound)].replica_id
+        bound_counts = [bindings[c.replica_id] for c in plan.candidates]
+        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts)].replica_id
         chosen = await web.pick(f"t{trial}", plan, key, 60)
         assert chosen.replica_id == expected, (plan, dispatched, bound)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
         if key is not None:
             assert int(await sessions.get(key)) == chosen.replica_id  # bound (or rebound) to the pick
+            for c in cands:  # ... and counted in that replica's sessions alone
+                held = await sessions.zscore(sessions_key(c.replica_id), key) is not None
+                assert held == (c.replica_id == chosen.replica_id)
         await web.done(f"t{trial}")
 
 
@@ -186,3 +195,22 @@ async def test_1000_sessions_share_four_replicas_within_the_bound_and_a_removed_
         now = (await web.pick(f"v{s}", session_plan(f"u{s}", [r for r in RIDS if r != gone]), key, 60)).replica_id
         await web.done(f"v{s}")
         assert now == bound[key] if bound[key] != gone else now != gone
+
+
+async def test_new_sessions_spread_by_the_sessions_each_replica_holds(sessions):
+    """Idle replicas (nothing in flight, so the load bound never binds): 28 sessions, as many
+    as the cache benchmark's trace has, end up 7 a replica within the session bound, where ring
+    order alone gave one replica twice another's share; a bound session's turns stay put."""
+    web = Dispatched(sessions)
+    where = {}
+    for s in range(28):
+        key = f"switchyard:affinity:test-dispatched:even{s}"
+        where[key] = (await web.pick(f"e{s}", session_plan(f"even{s}"), key, 60)).replica_id
+        await web.done(f"e{s}")
+    shares = Counter(where.values())
+    assert max(shares.values()) <= math.ceil(1.25 * 28 / 4), shares
+    assert [await sessions.zcard(sessions_key(r)) for r in RIDS] == [shares[r] for r in RIDS]
+    for key, rid in where.items():  # next turns: the binding holds whatever the counts
+        s = key.rsplit("even", 1)[1]
+        assert (await web.pick(f"n{s}", session_plan(f"even{s}"), key, 60)).replica_id == rid
+        await web.done(f"n{s}")
