@@ -9,18 +9,20 @@ one (workers/protocol/draft_models.py reads and checks it without torch).
 One head entry per position p: the target's fused state at p with the token at p+1, predicting
 the token at p+2 (positions and tokens as vLLM pairs them). Drafting a run of k:
 
-    observe  after each target step, the rows the target computed and kept (prefill chunks,
-             a decode's last token, a verify's last token and its accepted drafts) go through
-             the head once, in one chunk per sequence; their K/V is kept as the head's context.
+    observe  after a target step that the next one drafts from, the rows the target computed
+             and kept (prefill chunks, a decode's last token, a verify's last token and its
+             accepted drafts) go through the head once, the whole batch in one pass; their K/V
+             is kept as each sequence's head context.
     propose  the last entry's output gives the first guess; each further guess feeds the
              previous entry's output state (no fc: it is already `hidden` wide) with the guess
-             just made, one position on. Those entries' K/V is thrown away after the run.
+             just made, one position on, every sequence in one pass. Those entries' K/V is
+             scratch, overwritten by the next observe.
 
-The head's context lives per sequence in plain tensors, not the paged cache: it holds only
-positions whose target states this engine computed, so a prefix-cache hit or a prompt another
-replica prefilled starts it partway (drafts are then a little worse, never wrong: the target
-verifies every guess). It is also dropped in steps too large to speculate, where feeding it
-would cost a quarter of a 4-layer target step for nothing.
+Only attention runs per sequence. The head's context lives per sequence in a plain buffer, not
+the paged cache: it holds only positions whose target states this engine computed, so a
+prefix-cache hit, a prompt another replica prefilled, or steps too large to speculate (the
+head is not fed then: it would cost a quarter of a 4-layer target step for nothing) start it
+partway. Drafts are then a little worse, never wrong: the target verifies every guess.
 """
 
 from __future__ import annotations
