@@ -124,27 +124,11 @@ def build_eagle3_head(
     from safetensors.torch import save_file
 
     from workers.protocol.draft_models import Eagle3Spec, expected_shapes
+    from workers.spec.train_eagle3 import head_config
 
     target = json.loads((target_dir / "config.json").read_text())
     vocab = target["vocab_size"]
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": target["hidden_size"],
-        "num_attention_heads": target["num_attention_heads"],
-        "num_key_value_heads": target.get("num_key_value_heads", target["num_attention_heads"]),
-        "head_dim": target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"],
-        "intermediate_size": target["intermediate_size"],
-        "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
-        "rope_theta": target.get("rope_theta", 10000.0),
-        "max_position_embeddings": target.get("max_position_embeddings", 2048),
-        "num_hidden_layers": 1,
-        "vocab_size": vocab,
-        "draft_vocab_size": draft_vocab_size or vocab,
-        "torch_dtype": "float32",
-    }
-    if aux_layer_ids is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layer_ids, "use_aux_hidden_state": True}
+    config = head_config(target, draft_vocab_size or vocab, aux_layer_ids)
     config.update(overrides)
     spec = Eagle3Spec.from_config(config)
     generator = torch.Generator().manual_seed(seed)

@@ -107,7 +107,9 @@ def draft_vocabulary(responses: list[list[int]], vocab_size: int, size: int) -> 
     return torch.tensor(sorted(chosen))
 
 
-def head_config(target_cfg: dict, draft_vocab: int, layer_ids: tuple[int, ...]) -> dict:
+def head_config(target_cfg: dict, draft_vocab: int, layer_ids: tuple[int, ...] | None) -> dict:
+    """The config.json of a head shaped like one of the target's layers (layer ids None: none
+    written, so a loader takes the default for the target's depth)."""
     heads = target_cfg["num_attention_heads"]
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -123,9 +125,10 @@ def head_config(target_cfg: dict, draft_vocab: int, layer_ids: tuple[int, ...]) 
         "num_hidden_layers": 1,
         "vocab_size": target_cfg["vocab_size"],
         "draft_vocab_size": draft_vocab,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
         "torch_dtype": "float32",
     }
+    if layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True}
     for key in ("rope_theta", "rope_parameters", "rope_scaling"):
         if key in target_cfg:
             config[key] = target_cfg[key]
