@@ -102,15 +102,17 @@ def test_a_sessions_turns_stay_on_its_replica_with_growing_cached_tokens(stack):
 
 def test_without_a_header_the_kv_aware_router_follows_each_prefix(stack):
     # Two conversations with different prefixes, interleaved: each one's turns go to the replica
-    # holding its prefix.
-    contexts = {"a": prompt(3, 64), "b": prompt(4, 64)}
+    # holding its prefix. 400 tokens (25 blocks) outweigh a request the previous turn's replica may
+    # still report in flight (a heartbeat lags up to 0.5 s; one request weighs LOAD_BLOCKS = 16):
+    # with 64 tokens a late heartbeat could send a turn to the other replica.
+    contexts = {"a": prompt(3, 400), "b": prompt(4, 400)}
     homes: dict[str, set] = {"a": set(), "b": set()}
     for turn in range(4):
         for name in contexts:
             usage, headers = complete(stack, contexts[name])
             homes[name].add(headers["x-switchyard-replica"])
             if turn:
-                assert cached(usage) >= 64 // B * B and headers["x-switchyard-route-reason"] == "kv_aware"
+                assert cached(usage) >= 400 // B * B and headers["x-switchyard-route-reason"] == "kv_aware"
             contexts[name] = contexts[name] + prompt(200 + turn, 20)
     assert all(len(replicas) == 1 for replicas in homes.values()), homes
 

@@ -192,10 +192,20 @@ def replica_load(replica_id: int) -> dict:
     return json.loads(replica_status(replica_id).get("load") or "{}")
 
 
-def metric(base: str, name: str, **labels) -> float:
-    """The sum of the web process's /metrics samples called `name` with these labels."""
+def scrape(base: str) -> list:
+    """One read of the web process's /metrics, as samples (read several values from one scrape
+    when they must agree: each scrape sees the replicas' latest heartbeats)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(base + "/metrics", timeout=10).text
-    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def sample_sum(samples: list, name: str, **labels) -> float:
+    """The sum of the samples called `name` with these labels."""
     return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def metric(base: str, name: str, **labels) -> float:
+    """The sum of the web process's /metrics samples called `name` with these labels."""
+    return sample_sum(scrape(base), name, **labels)
