@@ -14,9 +14,8 @@ the entry expires (Redis' clock, so web processes' clocks need not agree). The w
 dispatched a request removes its entry when the request ends in any way (finished, failed,
 aborted by the client, its replica gone) and pushes the expiry of its open requests forward
 every REFRESH_SECONDS; the entries of a web process that died expire within TTL_SECONDS. A
-sorted set `switchyard:replica:<id>:conversations` holds the conversations placed on the
-replica (session keys, and keyless new conversations by request id), scored by when each stops
-counting (the conversation bound of `routing.pick`).
+sorted set `switchyard:replica:<id>:sessions` holds the session keys bound to the replica,
+scored by when each binding expires (the session bound of `routing.pick`).
 """
 
 from __future__ import annotations
@@ -35,24 +34,20 @@ TTL_SECONDS = 30
 REFRESH_SECONDS = 10
 
 # The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
-# candidates' dispatched sets, then, when ARGV[5] counts conversations (1: a session, 2: a
-# keyless new conversation), the candidates' conversation sets, then for a session its affinity
-# key. ARGV: request id, ttl, load weight, load factor (0: no bound), the counting mode,
-# conversation ttl, the minimum cap, then per candidate its replica id, reported load, free KV
-# blocks and base cost. Drops expired entries; a bound session's replica wins while under the
-# load cap, else the lowest base + weight * load among those under it (a conversation placed
-# anew: and under the conversation cap, unless none is; ties: most free KV blocks, then the
-# first); adds the request to it, (re)binds the session and counts the conversation there
-# (a moved session leaves its old replica's set). Returns {index (0-based), 1 if the binding
-# was kept, the candidates' loads...}.
+# candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
+# session's affinity key. ARGV: request id, ttl, load weight, load factor (0: no bound), has
+# affinity, affinity ttl, the minimum cap, then per candidate its replica id, reported load, free
+# KV blocks and base cost. Drops expired entries; a bound session's replica wins while under the
+# load cap, else the lowest base + weight * load among those under it (a session placed anew:
+# and under the session cap, unless none is; ties: most free KV blocks, then the first); adds
+# the request to it and (re)binds the session, moving it between session sets. Returns {index
+# (0-based), 1 if the binding was kept, the candidates' loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
-local mode = ARGV[5]
-local has_affinity = mode == '1'
-local counting = mode ~= '0'
+local has_affinity = ARGV[5] == '1'
 local n = #KEYS
-if has_affinity then n = (n - 1) / 2 elseif counting then n = n / 2 end
+if has_affinity then n = (n - 1) / 2 end
 local loads, total = {}, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -63,26 +58,24 @@ local factor = tonumber(ARGV[4])
 local cap = math.huge
 if factor > 0 then cap = math.max(math.ceil(factor * (total + 1) / n), tonumber(ARGV[7])) end
 local best, kept, bound = nil, 0, nil
+local sessions, scap = {}, math.huge
 if has_affinity then
   bound = redis.call('GET', KEYS[2 * n + 1])
   for i = 1, n do
     if bound == ARGV[4 + 4 * i] and loads[i] < cap then best, kept = i, 1 end
   end
-end
-local taken, ccap = {}, math.huge
-if counting then
-  local ctotal = 0
+  local stotal = 0
   for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[n + i], '-inf', now)
-    taken[i] = redis.call('ZCARD', KEYS[n + i])
-    ctotal = ctotal + taken[i]
+    sessions[i] = redis.call('ZCARD', KEYS[n + i])
+    stotal = stotal + sessions[i]
   end
-  if factor > 0 then ccap = math.ceil(factor * (ctotal + 1) / n) end
+  if factor > 0 then scap = math.ceil(factor * (stotal + 1) / n) end
 end
-local function cheapest(use_ccap)
+local function cheapest(use_scap)
   local weight, choice, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil
   for i = 1, n do
-    if loads[i] < cap and (not use_ccap or taken[i] < ccap) then
+    if loads[i] < cap and (not use_scap or sessions[i] < scap) then
       local cost = tonumber(ARGV[7 + 4 * i]) + weight * loads[i]
       local free = tonumber(ARGV[6 + 4 * i])
       if choice == nil or cost < best_cost or (cost == best_cost and free > best_free) then
@@ -93,20 +86,17 @@ local function cheapest(use_ccap)
   return choice
 end
 if best == nil then
-  if counting then best = cheapest(true) end
+  if has_affinity then best = cheapest(true) end
   if best == nil then best = cheapest(false) end
 end
 redis.call('ZADD', KEYS[best], now + tonumber(ARGV[2]), ARGV[1])
-if counting then
-  local member = 'request:' .. ARGV[1]
-  if has_affinity then
-    member = KEYS[2 * n + 1]
-    redis.call('SET', member, ARGV[4 + 4 * best], 'EX', ARGV[6])
-    for i = 1, n do
-      if i ~= best and bound == ARGV[4 + 4 * i] then redis.call('ZREM', KEYS[n + i], member) end
-    end
+if has_affinity then
+  local chosen = ARGV[4 + 4 * best]
+  redis.call('SET', KEYS[2 * n + 1], chosen, 'EX', ARGV[6])
+  for i = 1, n do
+    if i ~= best and bound == ARGV[4 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
   end
-  redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), member)
+  redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), KEYS[2 * n + 1])
   redis.call('EXPIRE', KEYS[n + best], ARGV[6])
 end
 local out = {best - 1, kept}
@@ -137,10 +127,9 @@ def dispatched_key(replica_id: int) -> str:
     return f"switchyard:replica:{replica_id}:dispatched"
 
 
-def conversations_key(replica_id: int) -> str:
-    """The conversations placed on a replica (session keys, or `request:<id>` for a keyless new
-    conversation), scored by when each stops counting."""
-    return f"switchyard:replica:{replica_id}:conversations"
+def sessions_key(replica_id: int) -> str:
+    """The session keys bound to a replica, scored by when each binding expires."""
+    return f"switchyard:replica:{replica_id}:sessions"
 
 
 class Dispatched:
@@ -157,12 +146,11 @@ class Dispatched:
         """Choose by `plan` (routing.py's rule, in one atomic step) and count the request against
         the replica chosen; with `affinity_key`, honour and (re)bind the plan's session."""
         keys = [dispatched_key(c.replica_id) for c in plan.candidates]
-        mode = 1 if affinity_key is not None else 2 if plan.fresh else 0
-        if mode:
-            keys += [conversations_key(c.replica_id) for c in plan.candidates]
         if affinity_key is not None:
+            keys += [sessions_key(c.replica_id) for c in plan.candidates]
             keys.append(affinity_key)
-        args = [request_id, self.ttl, plan.weight, plan.load_factor, mode, max(ttl, 1), routing.MIN_LOAD_CAP]
+        args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
+                routing.MIN_LOAD_CAP]  # fmt: skip
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
         index, kept, *loads = await self._pick(keys=keys, args=args)

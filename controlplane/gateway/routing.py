@@ -15,16 +15,13 @@ at least the least-loaded replica always qualifies), and always below MIN_LOAD_C
 `base + weight·load` wins; ties go to the most free KV blocks, then to the first candidate. A
 session's binding, when its replica is eligible, wins outright.
 
-Placing a conversation anew — a session key unbound or moved off a replica over the bound, or
-a keyless prompt that no replica holds more of than the others (`Plan.fresh`: a new
-conversation under `kv_aware`) — the same bound applies to the conversations each replica
-took: a replica is eligible only while those placed on it within the session TTL are under
-⌈c·(Σconversations + 1)/n⌉ (the least-taken replica always qualifies; if no replica is under
-both bounds, the load bound alone decides). The load bound alone almost never spreads them:
-with think times between turns a replica rarely has MIN_LOAD_CAP requests in flight, so where
-28 sessions of 8-30 turns hashed (or which replica happened to be idle at each first turn)
-decided the load (the cache benchmark's `session` policy had 1.55x the mean requests on one
-replica, `kv_aware` 1.71x). A conversation's later turns never move for it.
+Placing a session key anew (unbound, or moved off a replica over the bound), the same bound
+applies to the sessions each replica holds: a replica is eligible for the key only while its
+live bindings are under ⌈c·(Σsessions + 1)/n⌉ (the least-bound replica always qualifies; if no
+replica is under both bounds, the load bound alone decides). The load bound alone almost never
+moves a key: with think times between turns a replica rarely has MIN_LOAD_CAP requests in
+flight, so where 28 sessions of 8-30 turns hashed decided the load (the cache benchmark's
+`session` policy had 1.55x the mean requests on one replica). Bound keys never move for it.
 
 The policies (a cache policy's `routing`):
 - `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
@@ -91,7 +88,6 @@ class Plan:
     load_factor: float  # 0: no bound
     reason: str
     session: str | None = None  # the key to honour and bind to the pick
-    fresh: bool = False  # a keyless new conversation: counted and bounded like a new session
 
 
 def _point(label: str) -> int:
@@ -124,17 +120,17 @@ def load_cap(loads: list[int], factor: float) -> float:
     return max(math.ceil(factor * (sum(loads) + 1) / len(loads)), MIN_LOAD_CAP)
 
 
-def conversation_cap(conversations: list[int], factor: float) -> float:
-    """⌈c·(Σconversations + 1)/n⌉: the conversations a replica must have taken fewer of to take a
-    new one (no floor: with a few conversations it spreads them one by one)."""
-    if factor <= 0 or not conversations:
+def session_cap(sessions: list[int], factor: float) -> float:
+    """⌈c·(Σsessions + 1)/n⌉: the live session bindings a replica must stay under to take a new
+    key (no floor: with a few sessions it spreads them one by one)."""
+    if factor <= 0 or not sessions:
         return math.inf
-    return math.ceil(factor * (sum(conversations) + 1) / len(conversations))
+    return math.ceil(factor * (sum(sessions) + 1) / len(sessions))
 
 
-def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, conversations: list[int] | None = None) -> int:
+def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, sessions: list[int] | None = None) -> int:
     """The index of the candidate the rule chooses, given each one's gateway-dispatched count,
-    the replica the plan's session is bound to and the conversations each one took (the
+    the replica the plan's session is bound to and each one's live session bindings (the
     reference implementation of the Lua pick in `dispatched.py`, which reads the binding and
     the counts itself in the same atomic step)."""
     loads = [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
@@ -145,9 +141,9 @@ def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, convers
         if loads[i] < cap:
             return i
     eligible = [i for i, load in enumerate(loads) if load < cap]
-    if (plan.session is not None or plan.fresh) and conversations is not None:
-        ccap = conversation_cap(conversations, plan.load_factor)
-        eligible = [i for i in eligible if conversations[i] < ccap] or eligible
+    if plan.session is not None and sessions is not None:
+        scap = session_cap(sessions, plan.load_factor)
+        eligible = [i for i in eligible if sessions[i] < scap] or eligible
     return min(
         eligible,
         key=lambda i: (plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
@@ -186,11 +182,7 @@ def plan(
     if use_kv:  # a new (or moved) session key lands where its prefix is, then stays
         base = [float(prompt_blocks - min(c.cached_blocks, prompt_blocks)) for c in candidates]
         reason = "session_kv_aware" if use_session else KV_AWARE
-        # No replica holds more of the prompt than another (a shared system prompt at most):
-        # a new conversation, which the pick spreads by the conversations each replica took.
-        fresh = not use_session and len({c.cached_blocks for c in candidates}) == 1
-        return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None,
-                    fresh)  # fmt: skip
+        return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None)
     reason = LEAST_LOADED
     if policy in (SESSION, SESSION_KV_AWARE) and session is None:
         reason += ";no_session_key"

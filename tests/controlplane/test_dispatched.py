@@ -15,7 +15,7 @@ from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.gateway import generation, router, routing
-from controlplane.gateway.dispatched import Dispatched, conversations_key, dispatched_key
+from controlplane.gateway.dispatched import Dispatched, dispatched_key, sessions_key
 from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
@@ -106,7 +106,7 @@ RIDS = [990011, 990012, 990013, 990014]
 
 @pytest_asyncio.fixture
 async def sessions(client):
-    keys = [dispatched_key(r) for r in RIDS] + [conversations_key(r) for r in RIDS]
+    keys = [dispatched_key(r) for r in RIDS] + [sessions_key(r) for r in RIDS]
     await client.delete(*keys)
     yield client
     await client.delete(*keys)
@@ -117,12 +117,10 @@ async def sessions(client):
 async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     rng = random.Random(3)
     web = Dispatched(sessions)
-    fresh_trials = 0
     for trial in range(150):
         n = rng.randrange(1, 5)
-        same = rng.randrange(0, 40) if rng.random() < 0.3 else None  # a keyless new conversation's view
-        cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4),
-                                   rng.randrange(0, 40) if same is None else same) for i in range(n)]  # fmt: skip
+        cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
+                 for i in range(n)]  # fmt: skip
         dispatched = [rng.randrange(0, 12) for _ in range(n)]
         for c, count in zip(cands, dispatched, strict=True):
             await sessions.delete(dispatched_key(c.replica_id))
@@ -138,29 +136,24 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             key = f"switchyard:affinity:test-dispatched:{trial}"
             if bound is not None:
                 await sessions.set(key, bound)
-        bindings = {c.replica_id: rng.randrange(0, 6) for c in cands}  # other conversations on each
+        bindings = {c.replica_id: rng.randrange(0, 6) for c in cands}  # other sessions bound to each
         for rid, count in bindings.items():
-            await sessions.delete(conversations_key(rid))
+            await sessions.delete(sessions_key(rid))
             if count:
-                await sessions.zadd(conversations_key(rid), {f"other{j}": 1e12 for j in range(count)})
+                await sessions.zadd(sessions_key(rid), {f"other{j}": 1e12 for j in range(count)})
         counts = dict(zip((c.replica_id for c in cands), dispatched, strict=True))
         dispatched = [counts[c.replica_id] for c in plan.candidates]  # in the plan's order (a ring's)
         bound_counts = [bindings[c.replica_id] for c in plan.candidates]
-        expected = plan.candidates[
-            routing.pick(plan, dispatched, bound_to=bound, conversations=bound_counts)
-        ].replica_id
+        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts)].replica_id
         chosen = await web.pick(f"t{trial}", plan, key, 60)
         assert chosen.replica_id == expected, (plan, dispatched, bound)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
         if key is not None:
             assert int(await sessions.get(key)) == chosen.replica_id  # bound (or rebound) to the pick
-        member = key if key is not None else f"request:t{trial}" if plan.fresh else None
-        for c in cands:  # the conversation counts on the chosen replica alone (if it counts)
-            held = member is not None and await sessions.zscore(conversations_key(c.replica_id), member) is not None
-            assert held == (member is not None and c.replica_id == chosen.replica_id)
-        fresh_trials += plan.fresh
+            for c in cands:  # ... and counted in that replica's sessions alone
+                held = await sessions.zscore(sessions_key(c.replica_id), key) is not None
+                assert held == (c.replica_id == chosen.replica_id)
         await web.done(f"t{trial}")
-    assert fresh_trials > 10  # the random plans did place keyless new conversations
 
 
 def session_plan(key: str, ids=RIDS) -> routing.Plan:
@@ -216,28 +209,8 @@ async def test_new_sessions_spread_by_the_sessions_each_replica_holds(sessions):
         await web.done(f"e{s}")
     shares = Counter(where.values())
     assert max(shares.values()) <= math.ceil(1.25 * 28 / 4), shares
-    assert [await sessions.zcard(conversations_key(r)) for r in RIDS] == [shares[r] for r in RIDS]
+    assert [await sessions.zcard(sessions_key(r)) for r in RIDS] == [shares[r] for r in RIDS]
     for key, rid in where.items():  # next turns: the binding holds whatever the counts
         s = key.rsplit("even", 1)[1]
         assert (await web.pick(f"n{s}", session_plan(f"even{s}"), key, 60)).replica_id == rid
         await web.done(f"n{s}")
-
-
-async def test_keyless_new_conversations_spread_by_the_conversations_each_replica_took(sessions):
-    """kv_aware without a session key: a prompt no replica holds more of than another (only a
-    shared system prompt) is a new conversation; 28 of them on idle replicas end up within the
-    conversation bound, where least-cost ties alone would give every one to the first replica."""
-    web = Dispatched(sessions)
-    placed = Counter()
-    for s in range(28):
-        plan = routing.plan(routing.KV_AWARE, [routing.Candidate(r, 0, 100, 3) for r in RIDS], prompt_blocks=10)
-        assert plan.fresh
-        placed[(await web.pick(f"c{s}", plan, None, 60)).replica_id] += 1
-        await web.done(f"c{s}")
-    assert max(placed.values()) <= math.ceil(1.25 * 28 / 4), placed
-    # a turn whose prefix one replica holds more of is not new: it goes there, whatever the counts
-    ahead = [routing.Candidate(r, 0, 100, 9 if r == RIDS[0] else 3) for r in RIDS]
-    plan = routing.plan(routing.KV_AWARE, ahead, prompt_blocks=10)
-    assert not plan.fresh
-    assert (await web.pick("cont", plan, None, 60)).replica_id == RIDS[0]
-    await web.done("cont")
