@@ -5,7 +5,10 @@ import os
 
 from celery import Celery
 
+from workers.protocol.broker import survive_broker_loss_with_tasks_in_flight
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
+survive_broker_loss_with_tasks_in_flight()
 
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")

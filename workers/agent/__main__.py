@@ -28,11 +28,13 @@ def main(argv=None) -> int:
 
     from workers.agent import tasks
     from workers.agent.node import NodeAgent, set_agent
+    from workers.protocol.broker import survive_broker_loss_with_tasks_in_flight
     from workers.protocol.control import node_queue
 
     # No Django fixup: with DJANGO_SETTINGS_MODULE in the environment (make run sets it for
     # every process), Celery would load the control plane's settings into the agent.
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+    survive_broker_loss_with_tasks_in_flight()
     app = Celery("switchyard-agent", broker=config.broker_url, fixups=[])
     app.conf.update(
         task_acks_late=True,
