@@ -144,7 +144,14 @@ def test_metric_history_points_follow_the_traffic(client, stack, staff_client):
 
     sample(redis_client.client())
     client.chat.completions.create(model="demo", messages=QUESTION, temperature=0, max_tokens=8)
-    wait_for(lambda: sample(redis_client.client())["demo"]["tokens_per_second"], 5, "a point with tokens/s")
+
+    # A heartbeat between the first token and the rest gives a point with tokens/s and no
+    # inter-token latency yet (one token, no gap): wait for the point that has both.
+    def traffic_point():
+        point = sample(redis_client.client())["demo"]
+        return point["tokens_per_second"] and point["itl_p50_ms"] is not None
+
+    wait_for(traffic_point, 5, "a point with tokens/s and inter-token latency")
     points = history(redis_client.client(), "demo")
     last = points[-1]
     assert len(points) >= 2 and last["replicas_up"] == 1 and last["tokens_per_second"] > 0
