@@ -76,7 +76,10 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def test_identical_prompts_report_the_oracles_cached_tokens(stack):
-    p, n = 50, 4  # 50 tokens: 3 whole blocks of 16 the engine can reuse (it computes the last token)
+    # 300 tokens: 18 whole blocks of 16 the engine can reuse (it computes the last token); more
+    # than LOAD_BLOCKS, so a heartbeat still reporting the previous request in flight cannot send
+    # the next one away from its prefix (3 blocks could: one fresh-clone run cached 96, not 144).
+    p, n = 300, 4
     results = [complete(stack, prompt(1, p)) for _ in range(n)]
     assert sum(cached(usage) for usage, _ in results) == (n - 1) * (p // B) * B
     assert len({headers["x-switchyard-replica"] for _, headers in results}) == 1  # the prefix's replica
