@@ -127,8 +127,10 @@ class ReplicaServer:
             self._heartbeat("draining" if self.draining else "ready")
         self._stopping.set()
         self._drop_kv_index()
-        self._heartbeat("stopped", force=True)
+        # Logged before the last heartbeat: once "stopped" is visible (and the control plane
+        # records it), the log already says so (a fresh-clone run read the log in between).
         log.info("replica %s drained and stopped", self.spec.replica_id)
+        self._heartbeat("stopped", force=True)
 
     def _on_term(self, signum, frame) -> None:
         if not self.draining:
