@@ -28,6 +28,7 @@ from workers.protocol.replica import (
     ReplicaSpec,
     ReplicaStatus,
     Resume,
+    SpeculativeSpec,
     WireSamplingParams,
     read_event,
 )
@@ -138,6 +139,11 @@ def test_replica_spec_round_trip_and_version():
     assert ReplicaSpec.from_json(json.dumps({**data, "future": True})) == spec
     with pytest.raises(ProtocolError, match="ReplicaSpec version 2 is newer"):
         ReplicaSpec.from_json(json.dumps({**data, "version": 2}))
+    # A nested message is read back as its class (Wire's from_wire reads fields typed as one).
+    drafting = ReplicaSpec(3, "d", "/m", "m", speculative=SpeculativeSpec("eagle3", 3, "/heads/h"))
+    back = ReplicaSpec.from_json(drafting.to_json())
+    assert back == drafting and isinstance(back.speculative, SpeculativeSpec)
+    assert back.speculative.engine_config() == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/heads/h"}
 
 
 # -- reading a generate: what the replica answers with a 400 naming the parameter --------------

@@ -401,8 +401,9 @@ class PrefillMessage(Wire):
 
     @classmethod
     def from_wire(cls, data: Any) -> PrefillMessage:
-        message = from_wire(cls, data)
-        message.params = WireSamplingParams.from_wire(message.params or {})
+        message = from_wire(cls, data)  # reads `params` as WireSamplingParams
+        if not isinstance(message.params, WireSamplingParams):  # absent as null: the defaults
+            message.params = WireSamplingParams.from_wire(message.params or {})
         return message
 
 
@@ -617,13 +618,6 @@ class ReplicaSpec(Wire):
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), indent=2)
-
-    @classmethod
-    def from_wire(cls, data: Any) -> ReplicaSpec:
-        spec = from_wire(cls, data)
-        if spec.speculative is not None and not isinstance(spec.speculative, SpeculativeSpec):
-            spec.speculative = SpeculativeSpec.from_wire(spec.speculative)
-        return spec
 
     @classmethod
     def from_json(cls, text: str) -> ReplicaSpec:

@@ -4,8 +4,9 @@ base that reads and writes a message."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import MISSING, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, get_args, get_type_hints
 
 T = TypeVar("T")
 
@@ -41,13 +42,30 @@ def expect_object(cls: type, data: Any) -> dict:
 
 def from_wire(cls: type[T], data: Any) -> T:
     """`cls` built from the wire's fields of the same names: unknown fields are ignored (a newer
-    sender may add optional ones), a newer version is refused, a missing field is an error."""
+    sender may add optional ones), a newer version is refused, a missing field is an error. A
+    field typed as a message (or a message or None) is read from its own wire form."""
     check_version(cls, expect_object(cls, data))
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    values = {k: v for k, v in data.items() if k in known}
+    for name, message in _nested_messages(cls).items():
+        if isinstance(values.get(name), dict):
+            values[name] = message.from_wire(values[name])
     try:
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**values)
     except TypeError as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
+
+
+@functools.cache
+def _nested_messages(cls: type) -> dict[str, type[Wire]]:
+    """`cls`'s fields whose type is a message (alone or in a union such as `X | None`)."""
+    hints = get_type_hints(cls)
+    nested = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        for kind in get_args(hints[f.name]) or (hints[f.name],):
+            if isinstance(kind, type) and issubclass(kind, Wire):
+                nested[f.name] = kind
+    return nested
 
 
 class Wire:
