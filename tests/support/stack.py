@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -209,3 +210,28 @@ def sample_sum(samples: list, name: str, **labels) -> float:
 def metric(base: str, name: str, **labels) -> float:
     """The sum of the web process's /metrics samples called `name` with these labels."""
     return sample_sum(scrape(base), name, **labels)
+
+
+def replica_request(client: redis.Redis, replica_id: int, params: dict, timeout: float = 30, **prompt) -> list[dict]:
+    """Send one `generate` straight to a replica's request stream (as the gateway does), `prompt`
+    being `prompt=` text or `prompt_token_ids=`; its events up to the one that finishes it. An
+    error event fails the test."""
+    rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"reply-{uuid.uuid4().hex[:8]}"
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    pubsub.get_message(timeout=1)
+    message = {"type": "generate", "id": rid, "reply_to": channel, "params": params, **prompt}
+    client.xadd(protocol.requests_key(replica_id), {"m": json.dumps(message)})
+    events: list[dict] = []
+    try:
+        while True:
+            m = pubsub.get_message(timeout=timeout)
+            assert m is not None, "no reply from the replica"
+            if m["type"] != "message":
+                continue
+            events.append(json.loads(m["data"]))
+            assert events[-1]["type"] != "error", events[-1]
+            if events[-1].get("finish_reason"):
+                return events
+    finally:
+        pubsub.close()

@@ -7,15 +7,13 @@ runs against a redis-server of its own so that the test can restart it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import uuid
 
 import pytest
 import redis
 import redis.asyncio
 
-from tests.support.stack import wait_for
+from tests.support.stack import replica_request, wait_for
 from workers.bench.processes import RedisServer, start_replica
 from workers.protocol import replica as protocol
 from workers.protocol.kv_blocks import cached_blocks, kv_index_key, prefix_hashes
@@ -52,27 +50,9 @@ def replica(model_dir, tmp_path_factory):
 
 def generate(client: redis.Redis, prompt: list[int]) -> tuple[list[int], dict]:
     """Send one greedy request; its output token ids and usage."""
-    rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"reply-{uuid.uuid4().hex[:8]}"
-    pubsub = client.pubsub()
-    pubsub.subscribe(channel)
-    pubsub.get_message(timeout=1)
     params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
-    message = {"type": "generate", "id": rid, "reply_to": channel, "prompt_token_ids": prompt, "params": params}
-    client.xadd(protocol.requests_key(REPLICA), {"m": json.dumps(message)})
-    tokens: list[int] = []
-    try:
-        while True:
-            m = pubsub.get_message(timeout=30)
-            assert m is not None, "no reply from the replica"
-            if m["type"] != "message":
-                continue
-            event = json.loads(m["data"])
-            assert event["type"] != "error", event
-            tokens += event.get("token_ids", [])
-            if event.get("finish_reason"):
-                return tokens, event["usage"]
-    finally:
-        pubsub.close()
+    events = replica_request(client, REPLICA, params, prompt_token_ids=prompt)
+    return [t for event in events for t in event.get("token_ids", [])], events[-1]["usage"]
 
 
 def members(client: redis.Redis) -> set[int]:

@@ -4,14 +4,11 @@ hash; one without speculation reports nothing of it. Both give the same greedy t
 
 from __future__ import annotations
 
-import json
-import uuid
-
 import pytest
 import redis
 from django.conf import settings
 
-from tests.support.stack import wait_for
+from tests.support.stack import replica_request, wait_for
 from workers.bench.processes import start_replica, stop
 from workers.demo import MODEL_DIR
 from workers.protocol import replica as protocol
@@ -44,27 +41,8 @@ def replicas(tmp_path_factory):
 
 
 def generate(client: redis.Redis, replica_id: int, prompt: str, max_tokens: int = 16) -> list[int]:
-    rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"reply-{uuid.uuid4().hex[:8]}"
-    pubsub = client.pubsub()
-    pubsub.subscribe(channel)
-    pubsub.get_message(timeout=1)
-    params = {"temperature": 0.0, "max_tokens": max_tokens}
-    message = {"type": "generate", "id": rid, "reply_to": channel, "prompt": prompt, "params": params}
-    client.xadd(protocol.requests_key(replica_id), {"m": json.dumps(message)})
-    tokens: list[int] = []
-    try:
-        while True:
-            m = pubsub.get_message(timeout=30)
-            assert m is not None, "no reply from the replica"
-            if m["type"] != "message":
-                continue
-            event = json.loads(m["data"])
-            assert event["type"] != "error", event
-            tokens += event.get("token_ids", [])
-            if event.get("finish_reason"):
-                return tokens
-    finally:
-        pubsub.close()
+    events = replica_request(client, replica_id, {"temperature": 0.0, "max_tokens": max_tokens}, prompt=prompt)
+    return [t for event in events for t in event.get("token_ids", [])]
 
 
 def metrics(client: redis.Redis, replica_id: int) -> dict:
