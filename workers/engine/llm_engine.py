@@ -85,6 +85,8 @@ class LLMEngine:
                 self.speculative, self.model, read_config(config.model), self.device, self.dtype
             )
         self.spec = SpecStats(self.speculative.num_speculative_tokens) if self.speculative else None
+        # The drafter reads the target's hidden states (EAGLE-3): each step's rows are handed to it.
+        self.feeds_drafter = self.drafter is not None and self.drafter.aux_layer_ids is not None
         self.requests: dict[str, Sequence] = {}
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
         self.held: dict[str, Sequence] = {}
@@ -217,7 +219,7 @@ class LLMEngine:
         batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
             return []
-        starts = [item.seq.num_computed_tokens for item in batch.all]
+        starts = [item.seq.num_computed_tokens for item in batch.all] if self.feeds_drafter else None
         verify_started = time.perf_counter()
         logits, sampling = self.runner.execute(batch)
         for item in batch.all:
@@ -235,7 +237,7 @@ class LLMEngine:
             self.spec.verify_seconds += time.perf_counter() - verify_started
         # Feed a hidden-state drafter when the next step will draft (the batch as it stands now:
         # a large batch's prefill is not fed, since it would not draft).
-        if self.drafter is not None and self.drafter.aux_layer_ids is not None and self._speculating():
+        if self.feeds_drafter and self._speculating():
             self._observe(batch, starts)
         return deltas
 
