@@ -1,0 +1,115 @@
+"""Running `mooncake_master`, the Mooncake Store's index: `make run` and the tests start one with
+`start_master`; docker compose and operators run `python -m workers.kvtiers.master --port P` in
+the foreground. It keeps no state across restarts: the pool starts empty each time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class MasterError(Exception):
+    pass
+
+
+def master_binary() -> str:
+    """`mooncake_master` beside this interpreter (a venv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / "mooncake_master"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mooncake_master")
+    if found is None:
+        raise MasterError(
+            "mooncake_master not found next to the Python interpreter or on PATH; it ships with "
+            "the mooncake-transfer-engine-non-cuda (or mooncake-transfer-engine) package"
+        )
+    return found
+
+
+def master_command(
+    port: int, metrics_port: int, host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()
+) -> list[str]:
+    return [
+        master_binary(),
+        f"--rpc_port={port}",
+        f"--rpc_address={host}",
+        f"--metrics_port={metrics_port}",
+        *extra_args,
+    ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (another process may still take it before we do)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+def start_master(
+    port: int,
+    metrics_port: int,
+    host: str = "127.0.0.1",
+    extra_args: tuple[str, ...] = (),
+    log_path: str | Path | None = None,
+    timeout_s: float = 10.0,
+) -> subprocess.Popen:
+    """Start `mooncake_master` and return once it accepts connections on `port`. Its output goes
+    to `log_path` (appended) or, without one, to this process's stdout/stderr."""
+    if _listening(host, port):
+        raise MasterError(f"something already listens on {host}:{port}")
+    log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child keeps it open)
+    try:
+        proc = subprocess.Popen(master_command(port, metrics_port, host, extra_args), stdout=log, stderr=log)
+    finally:
+        if log is not None:
+            log.close()
+    deadline = time.monotonic() + timeout_s
+    while not _listening(host, port):
+        if proc.poll() is not None:
+            raise MasterError(f"mooncake_master exited with code {proc.returncode} before listening on {port}")
+        if time.monotonic() > deadline:
+            stop_master(proc)
+            raise MasterError(f"mooncake_master did not listen on {host}:{port} within {timeout_s:g}s")
+        time.sleep(0.02)
+    return proc
+
+
+def stop_master(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """Terminate the master, killing it if it outlasts `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workers.kvtiers.master", description=__doc__)
+    parser.add_argument("--port", type=int, default=50051, help="RPC port (default 50051)")
+    parser.add_argument("--metrics-port", type=int, default=9003, help="HTTP metrics port (default 9003)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a container)")
+    args, extra = parser.parse_known_args(argv)
+    cmd = master_command(args.port, args.metrics_port, args.host, tuple(extra))
+    os.execv(cmd[0], cmd)  # the master itself in the foreground: signals and exit code are its own
+
+
+if __name__ == "__main__":
+    main()
