@@ -179,6 +179,9 @@ SWITCHYARD = {
     "KV_TRANSFER_TIMEOUT": env.float("KV_TRANSFER_TIMEOUT", default=2.0),
     # Prompts shorter than this are prefilled by the decode replica itself.
     "PD_LOCAL_PREFILL_TOKENS": env.int("PD_LOCAL_PREFILL_TOKENS", default=256),
+    # The fleet's Mooncake Store: "host:port" of its mooncake_master, run by the operator beside
+    # Redis (make run starts one). Empty: no cache policy may turn store_tier on.
+    "KV_STORE_MASTER": env("SWITCHYARD_KV_STORE_MASTER", default=""),
     # /metrics is open unless this is set (then Prometheus sends it as a Bearer token).
     "METRICS_TOKEN": env("METRICS_TOKEN", default=""),
     # A request whose replica dies, hangs or restarts mid-way resumes on another ready replica.

@@ -25,10 +25,27 @@ class CachePolicy(models.Model):
         validators=[MinValueValidator(1.0), MaxValueValidator(10.0)],
         help_text="c of consistent hashing with bounded loads: a replica takes requests while load < ceil(c * mean)",
     )
-    dram_tier_bytes = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
-    disk_tier_path = models.CharField(max_length=500, blank=True)
-    disk_tier_bytes = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
-    min_cached_prefix_tokens = models.PositiveIntegerField(default=0)
+    # KV tiers behind each replica's device cache (docs/caching.md); all off by default.
+    dram_tier_bytes = models.BigIntegerField(
+        default=0,
+        validators=[MinValueValidator(0)],
+        help_text="host memory each replica keeps evicted KV blocks in (0: no DRAM tier)",
+    )
+    disk_tier_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="absolute directory on every node for the disk tier (empty: no disk tier)",
+    )
+    disk_tier_bytes = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0)], help_text="the disk tier's byte budget (0: no disk tier)"
+    )
+    store_tier = models.BooleanField(
+        default=False,
+        help_text="share KV blocks through the fleet's Mooncake Store (needs SWITCHYARD_KV_STORE_MASTER)",
+    )
+    min_cached_prefix_tokens = models.PositiveIntegerField(
+        default=0, help_text="the shortest prefix worth loading from the store or disk (shorter: recomputed)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import timedelta
+from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
@@ -99,13 +100,6 @@ DEPLOYMENT_NOT_BUILT = (
     ("tensor_parallel", 1, "tensor_parallel > 1 is not built yet: a replica runs on one device"),
     ("pipeline_parallel", 1, "pipeline_parallel > 1 is not built yet: a replica runs on one device"),
 )
-CACHE_POLICY_NOT_BUILT = (
-    ("dram_tier_bytes", 0, "a DRAM KV tier is not built yet; leave dram_tier_bytes at 0"),
-    ("disk_tier_bytes", 0, "a disk KV tier is not built yet; leave disk_tier_bytes at 0"),
-    ("disk_tier_path", "", "a disk KV tier is not built yet; leave disk_tier_path empty"),
-    ("min_cached_prefix_tokens", 0, "min_cached_prefix_tokens is not built yet; leave it at 0"),
-)
-
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")  # RFC 9110 token
 RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "cookie"})
@@ -535,8 +529,7 @@ def reconcile_all() -> dict[str, dict]:
 
 # -- cache policies -----------------------------------------------------------------------------
 def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) -> CachePolicy:
-    values = {name: getattr(policy, name) for name, _, _ in CACHE_POLICY_NOT_BUILT}
-    _refuse_unbuilt(values, CACHE_POLICY_NOT_BUILT)
+    validate_kv_tiers(policy)
     header = policy.session_affinity_header.strip().lower()  # header names ignore case
     if not HEADER_NAME.fullmatch(header) or header in RESERVED_HEADERS:
         raise DomainError(
@@ -548,3 +541,43 @@ def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) ->
     policy.save()
     record_event("cache_policy.created" if created else "cache_policy.updated", policy, actor=actor)
     return policy
+
+
+def validate_kv_tiers(policy: CachePolicy) -> None:
+    """The KV tiers a policy asks for must be ones a replica can run (docs/caching.md): a disk
+    tier has an absolute directory and a budget, the store is configured on this control plane,
+    and the tiers have a prefix cache to extend."""
+    path, disk_bytes = policy.disk_tier_path, policy.disk_tier_bytes
+    if disk_bytes and not path:
+        message = "a disk tier needs a directory: set disk_tier_path (absolute, on every node), or disk_tier_bytes to 0"
+        raise DomainError(message, "disk_tier_path")
+    if path and not disk_bytes:
+        message = "a disk tier needs a byte budget: set disk_tier_bytes, or leave disk_tier_path empty"
+        raise DomainError(message, "disk_tier_bytes")
+    if path and not _plain_absolute(path):
+        message = (
+            f"disk_tier_path must be an absolute directory without '..', e.g. /var/cache/switchyard/kv; got {path!r}"
+        )
+        raise DomainError(message[:300], "disk_tier_path")
+    if policy.store_tier and not settings.SWITCHYARD["KV_STORE_MASTER"]:
+        raise DomainError(
+            "this control plane has no Mooncake Store: run a mooncake_master (python -m workers.kvtiers.master "
+            "--port 50051; make run starts one) and set SWITCHYARD_KV_STORE_MASTER=host:port for the web and "
+            "control processes (docs/operations.md, 'The KV store'); or leave store_tier false",
+            "store_tier",
+        )
+    tiers = [name for name in ("dram_tier_bytes", "disk_tier_bytes", "store_tier") if getattr(policy, name)]
+    if tiers and not policy.prefix_caching:
+        message = f"KV tiers extend the prefix cache: turn prefix_caching on, or the tiers off ({', '.join(tiers)})"
+        raise DomainError(message, "prefix_caching")
+    if policy.min_cached_prefix_tokens and not (disk_bytes or policy.store_tier):
+        raise DomainError(
+            "min_cached_prefix_tokens is the shortest prefix worth loading from the store or disk, and this policy "
+            "has neither: turn store_tier or a disk tier on, or leave it at 0",
+            "min_cached_prefix_tokens",
+        )
+
+
+def _plain_absolute(path: str) -> bool:
+    pure = PurePosixPath(path)
+    return pure.is_absolute() and ".." not in pure.parts and "\x00" not in path and path == path.strip()

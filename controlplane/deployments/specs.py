@@ -1,13 +1,18 @@
 """The self-contained spec a node agent starts a replica from, built from the database here
 (the agent never reads it). Node-specific fields (Redis URL, KV transfer address, CPU threads
-and KV budget) are left at their defaults: the agent fills them in for its own machine."""
+and KV budget, the KV tiers' local address) are left at their defaults: the agent fills them in
+for its own machine."""
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 
-from controlplane.deployments.models import Deployment, Replica
-from workers.protocol.replica import ReplicaSpec, SpeculativeSpec
+from controlplane.deployments.models import CachePolicy, Deployment, Replica
+from workers.protocol.replica import KVTiersSpec, ReplicaSpec, SpeculativeSpec
+
+log = logging.getLogger(__name__)
 
 
 def build_spec(replica: Replica) -> ReplicaSpec:
@@ -31,6 +36,7 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         kv_transfer_timeout=config["KV_TRANSFER_TIMEOUT"],
         local_prefill_tokens=config["PD_LOCAL_PREFILL_TOKENS"],
         speculative=speculative_spec(deployment, replica.role),
+        kv_tiers=kv_tiers_spec(policy),
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )
 
@@ -43,3 +49,23 @@ def speculative_spec(deployment: Deployment, role: str) -> SpeculativeSpec | Non
         return None
     draft = deployment.draft_model.source if method == Deployment.Speculative.EAGLE3 else None
     return SpeculativeSpec(method=method, num_speculative_tokens=deployment.speculative_k, draft_model=draft)
+
+
+def kv_tiers_spec(policy: CachePolicy | None) -> KVTiersSpec | None:
+    """The policy's KV tiers (None when it has none), the store's address from this control
+    plane's SWITCHYARD_KV_STORE_MASTER. Every role gets them: a prefill replica's cache is as
+    real as a colocated one's."""
+    if policy is None or not policy.prefix_caching:  # validate_kv_tiers refuses tiers without it
+        return None
+    master = settings.SWITCHYARD["KV_STORE_MASTER"] if policy.store_tier else ""
+    if policy.store_tier and not master:  # the setting went away after the policy was saved
+        log.warning("cache policy %s asks for the KV store, but SWITCHYARD_KV_STORE_MASTER is not set: "
+                    "its replicas start without it", policy.name)  # fmt: skip
+    spec = KVTiersSpec(
+        dram_bytes=policy.dram_tier_bytes,
+        disk_path=policy.disk_tier_path if policy.disk_tier_bytes else "",
+        disk_bytes=policy.disk_tier_bytes if policy.disk_tier_path else 0,
+        store_master=master,
+        min_prefix_tokens=policy.min_cached_prefix_tokens,
+    )
+    return spec if spec.dram_bytes or spec.disk_bytes or spec.store_master else None

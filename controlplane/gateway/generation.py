@@ -300,6 +300,7 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     await ratelimit.check(hub.redis, caller.key, prompt_tokens)
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
+    message.session_turn = session is not None  # its context begins the next turn: worth sharing (KV store)
     resumable = failover.enabled()
     if resumable and message.prompt_token_ids is None:  # untokenised: to resume it elsewhere, ask for them
         message.return_prompt_token_ids = True

@@ -40,27 +40,6 @@ def test_deployment_defaults_spelled_out_are_accepted(staff_client, model):
     assert response.status_code == 201, response.json()
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "says"),
-    [
-        ("dram_tier_bytes", 1 << 30, "DRAM KV tier is not built yet"),
-        ("disk_tier_bytes", 1 << 30, "disk KV tier is not built yet"),
-        ("disk_tier_path", "/var/cache/kv", "disk KV tier is not built yet"),
-        ("min_cached_prefix_tokens", 32, "min_cached_prefix_tokens is not built yet"),
-    ],
-)
-def test_cache_policy_settings_not_built_are_refused_naming_the_field(staff_client, field, value, says):
-    response = staff_client.post("/api/v1/cache-policies/", {"name": "p", field: value}, format="json")
-    assert response.status_code == 400
-    assert says in response.json()[field][0]
-    assert not CachePolicy.objects.exists()
-
-    created = staff_client.post("/api/v1/cache-policies/", {"name": "p"}, format="json").json()
-    patched = staff_client.patch(f"/api/v1/cache-policies/{created['id']}/", {field: value}, format="json")
-    assert patched.status_code == 400 and says in patched.json()[field][0]
-    assert getattr(CachePolicy.objects.get(), field) != value
-
-
 @pytest.mark.parametrize("value", ["x session", "x-sess:ion", "Authorization", "Cookie", ""])
 def test_a_session_affinity_header_that_is_no_header_name_or_a_reserved_one_is_refused(staff_client, value):
     response = staff_client.post("/api/v1/cache-policies/", {"name": "p", "session_affinity_header": value},

@@ -12,8 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 import redis
@@ -28,9 +26,9 @@ from controlplane.gateway import tokenization
 from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
 from controlplane.gateway.services import create_api_key
 from controlplane.inventory.services import register_node
+from tests.support.played_replica import played_replica
 from workers.demo import MODEL_DIR
 from workers.protocol import replica as protocol
-from workers.protocol.replica import AcceptedEvent, DeltaEvent, ReplicaStatus
 from workers.protocol.tokenizer import Tokenizer
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -158,35 +156,10 @@ def served(db, model_dir, django_user_model):
     transition_replica(replica.pk, "starting", pid=4242)
     transition_replica(replica.pk, "ready")
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    stream = protocol.requests_key(replica.pk)
-    client.delete(stream)
-    status = ReplicaStatus(state="ready", heartbeat=time.time() + 3600, incarnation="tok-1", kv_block_size=16)
-    client.hset(protocol.status_key(replica.pk), mapping=status.to_hash())
-    seen: list[dict] = []
-    stop = threading.Event()
-
-    def play() -> None:
-        last = "0-0"
-        while not stop.is_set():
-            for _, entries in client.xread({stream: last}, block=100) or []:
-                for last, fields in entries:  # noqa: B007 - the last one read is where to go on
-                    message = json.loads(fields["m"])
-                    if message["type"] != "generate":
-                        continue
-                    seen.append(message)
-                    n, rid, reply = len(message.get("prompt_token_ids") or []), message["id"], message["reply_to"]
-                    client.publish(reply, protocol.encode(AcceptedEvent(rid, n).to_wire()))
-                    usage = {"prompt_tokens": n, "completion_tokens": 1, "cached_tokens": 0}
-                    client.publish(reply, protocol.encode(DeltaEvent(rid, "ok", [7], finish_reason="length",
-                                                                     usage=usage).to_wire()))  # fmt: skip
-
-    player = threading.Thread(target=play, daemon=True)
-    player.start()
     _, key = create_api_key(name="tok", owner=django_user_model.objects.create_user("tok-owner"))
-    yield {"key": key, "stream": stream, "seen": seen, "redis": client, "dir": model_dir}
-    stop.set()
-    player.join(5)
-    client.delete(stream, protocol.status_key(replica.pk))
+    with played_replica(client, replica.pk, "tok-1") as seen:
+        yield {"key": key, "stream": protocol.requests_key(replica.pk), "seen": seen, "redis": client,
+               "dir": model_dir}  # fmt: skip
 
 
 def _post(client, served, path: str, body: dict):

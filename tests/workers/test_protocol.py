@@ -21,6 +21,7 @@ from workers.protocol.replica import (
     DeltaEvent,
     ErrorEvent,
     GenerateMessage,
+    KVTiersSpec,
     MessageError,
     PrefilledMessage,
     PrefillFailedMessage,
@@ -43,6 +44,7 @@ MESSAGES = {
     "chat": GenerateMessage("chatcmpl-1", "gw:1", PARAMS, messages=[{"role": "user", "content": "hi"}],
                             tools=[{"type": "function", "function": {"name": "f"}}], return_prompt_token_ids=True),
     "text": GenerateMessage("cmpl-1", "gw:1", prompt="Once"),
+    "session-turn": GenerateMessage("chatcmpl-2", "gw:1", PARAMS, prompt_token_ids=[1, 2], session_turn=True),
     "resumed": GenerateMessage("cmpl-1-r1.0", "gw:1", PARAMS, prompt_token_ids=[1, 2, 3, 4],
                                prefill_replica=3, resume=Resume(output_tokens=2, text_sent=5)),
     "abort": AbortMessage("cmpl-1"),
@@ -58,6 +60,7 @@ MESSAGES = {
     "error-plain": ErrorEvent("cmpl-1", 503, "replica is draining"),
     "prefill": PrefillMessage("cmpl-1", [1, 2, 3], PARAMS, {"session": "h:1", "layout": {"block_size": 16}},
                               [4, 5], "switchyard:replica:2:requests", 1700000000.5),
+    "prefill-turn": PrefillMessage("cmpl-1", [1, 2, 3], PARAMS, {"session": "h:1"}, [4], "s", 1.5, session_turn=True),
     "prefilled": PrefilledMessage("cmpl-1", 9, {"9": -0.25}, cached_tokens=16, bytes=4096, transfer_ms=1.25),
     "prefill-failed": PrefillFailedMessage("cmpl-1", "layout mismatch: block_size"),
 }  # fmt: skip
@@ -144,6 +147,32 @@ def test_replica_spec_round_trip_and_version():
     back = ReplicaSpec.from_json(drafting.to_json())
     assert back == drafting and isinstance(back.speculative, SpeculativeSpec)
     assert back.speculative.engine_config() == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/heads/h"}
+
+
+def test_a_replica_spec_with_kv_tiers_round_trips_and_gives_the_engine_what_is_set():
+    tiers = KVTiersSpec(dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30,
+                        store_master="10.0.0.5:50051", min_prefix_tokens=256, local_hostname="10.0.0.12",
+                        store_protocol="rdma", store_segment_bytes=512 << 20)  # fmt: skip
+    spec = ReplicaSpec(3, "d", "/m", "m", kv_tiers=tiers)
+    back = ReplicaSpec.from_json(spec.to_json())
+    assert back == spec and isinstance(back.kv_tiers, KVTiersSpec)
+    assert back.kv_tiers.engine_config() == {
+        "dram_bytes": 1 << 30, "disk_path": "/var/cache/kv", "disk_bytes": 8 << 30, "store_master": "10.0.0.5:50051",
+        "min_prefix_tokens": 256, "local_hostname": "10.0.0.12", "store_protocol": "rdma",
+        "store_segment_bytes": 512 << 20,
+    }  # fmt: skip
+    # Unset fields keep the engine's defaults; a spec without tiers says so.
+    assert KVTiersSpec(dram_bytes=4096).engine_config() == {"dram_bytes": 4096}
+    assert ReplicaSpec.from_json(ReplicaSpec(3, "d", "/m", "m").to_json()).kv_tiers is None
+
+
+def test_a_generate_says_session_turn_only_when_it_is_one():
+    assert "session_turn" not in MESSAGES["text"].to_wire()
+    assert MESSAGES["session-turn"].to_wire()["session_turn"] is True
+    # Anything but true is not a turn (a sender cannot make one by accident).
+    for value in ("yes", 1, None):
+        data = {**MESSAGES["session-turn"].to_wire(), "session_turn": value}
+        assert GenerateMessage.from_wire(data).session_turn is False
 
 
 # -- reading a generate: what the replica answers with a 400 naming the parameter --------------

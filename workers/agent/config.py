@@ -37,6 +37,10 @@ class AgentConfig:
     cpu_threads: int
     kv_protocol: str
     kv_host: str
+    # A replica of a deployment whose cache policy uses the KV store: the memory it lends the
+    # store (0: the engine's default) and, over rdma, the devices it uses (empty: Mooncake's choice).
+    kv_store_segment_bytes: int = 0
+    kv_store_device: str = ""
 
     @property
     def log_dir(self) -> Path:
@@ -62,4 +66,6 @@ class AgentConfig:
             cpu_threads=int(_env("REPLICA_CPU_THREADS", "0")),
             kv_protocol=_env("KV_TRANSFER_PROTOCOL", "tcp"),
             kv_host=_env("KV_TRANSFER_HOST", "127.0.0.1"),
+            kv_store_segment_bytes=int(_env("KV_STORE_SEGMENT_BYTES", "0")),
+            kv_store_device=_env("KV_STORE_DEVICE", ""),
         )

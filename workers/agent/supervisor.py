@@ -161,6 +161,15 @@ class Supervisor:
 
     def node_spec(self, spec: ReplicaSpec) -> ReplicaSpec:
         """The control worker describes the deployment; this node fills in what is its own."""
+        tiers = spec.kv_tiers
+        if tiers is not None and tiers.store_master:  # other store clients reach this replica as they reach the node
+            tiers = replace(
+                tiers,
+                local_hostname=self.config.kv_host,
+                store_protocol=self.config.kv_protocol,
+                store_device=self.config.kv_store_device,
+                store_segment_bytes=self.config.kv_store_segment_bytes,
+            )
         return replace(
             spec,
             redis_url=self.config.redis_url,
@@ -168,6 +177,7 @@ class Supervisor:
             kv_protocol=self.config.kv_protocol,
             threads=self.config.cpu_threads if spec.device == "cpu" else 0,
             kv_cache_bytes=self.config.cpu_kv_bytes if spec.device == "cpu" else spec.kv_cache_bytes,
+            kv_tiers=tiers,
         )
 
     # -- commands (from Celery tasks) -----------------------------------------------------------

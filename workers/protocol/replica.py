@@ -17,7 +17,8 @@
   (state, load, endpoint, metrics, heartbeat, incarnation, kv_block_size). The node agent's
   supervisor mirrors it into the database; the gateway reads it to route and to notice a replica
   lost mid-request. Which KV blocks it holds is a set of its own (workers/protocol/kv_blocks.py).
-- `ReplicaSpec`: everything a replica process starts with (its speculation: `SpeculativeSpec`).
+- `ReplicaSpec`: everything a replica process starts with (its speculation: `SpeculativeSpec`; its
+  KV tiers: `KVTiersSpec`).
 
 Every message, event and status carries a `version`: a side refuses one newer than its own
 (`ProtocolError`) and ignores fields it does not know, so a field can be added without a new
@@ -162,6 +163,9 @@ class GenerateMessage(Wire):
     prefill_replica: int | None = None
     return_prompt_token_ids: bool = False
     resume: Resume | None = None
+    # The client gave a session key (header, `prompt_cache_key`, the websocket's `session`): the
+    # next turn will start with this one's context, so the replica shares its KV through the store.
+    session_turn: bool = False
     version: int = VERSION
 
     @property
@@ -181,6 +185,8 @@ class GenerateMessage(Wire):
             out["return_prompt_token_ids"] = True
         if self.resume is not None:
             out["resume"] = self.resume.to_wire()
+        if self.session_turn:
+            out["session_turn"] = True
         return out
 
     @classmethod
@@ -205,6 +211,7 @@ class GenerateMessage(Wire):
             prefill_replica=_prefill_replica(data.get("prefill")),
             return_prompt_token_ids=data.get("return_prompt_token_ids") is True,
             resume=None if resume is None else Resume.from_wire(resume),
+            session_turn=data.get("session_turn") is True,
         )
 
 
@@ -397,6 +404,7 @@ class PrefillMessage(Wire):
     blocks: list[int]
     reply_stream: str
     deadline: float
+    session_turn: bool = False  # as the request's GenerateMessage said: the prefill replica shares it
     version: int = VERSION
 
     @classmethod
@@ -447,6 +455,34 @@ class Progress(TypedDict):
     fraction: float
 
 
+class KVTierCounters(TypedDict):
+    """One KV tier of a replica (workers/kvtiers), since the replica started. For the store,
+    `used_bytes` / `capacity_bytes` are the shared store's as this replica sees them."""
+
+    hits: int  # blocks found
+    misses: int  # blocks looked up and not found (a checksum failure is a miss too)
+    bytes_read: int
+    bytes_written: int
+    read_seconds: float
+    write_seconds: float
+    checksum_failures: int  # blocks whose bytes did not match their checksum: never used
+    errors: int  # calls that failed (the store unreachable...)
+    evictions: int  # blocks dropped to stay within the budget
+    used_bytes: int
+    capacity_bytes: int
+    available: bool  # false while the tier cannot be reached (the store's master down)
+
+
+class KVTiersLoad(TypedDict):
+    """`load["kv_tiers"]` of a replica with KV tiers (absent otherwise): `LLMEngine.tier_stats()`."""
+
+    tiers: dict[str, KVTierCounters]  # by tier: "dram", "store", "disk" (those it has)
+    blocks_loaded: dict[str, int]  # prompt blocks admissions took from each tier instead of computing
+    load_seconds: float  # time the store and disk loads took (off the engine's thread)
+    dropped_writes: int  # blocks not written to a tier because its writes fell behind
+    loads_inflight: int  # requests waiting on a tier load now
+
+
 class ReplicaLoad(TypedDict, total=False):
     role: str
     running: int
@@ -461,6 +497,7 @@ class ReplicaLoad(TypedDict, total=False):
     kv_writes_inflight: int
     handoffs_waiting: int
     kv_transfer: dict  # KV transfer counters
+    kv_tiers: KVTiersLoad  # replicas with KV tiers
 
 
 class SpeculativeMetrics(TypedDict):
@@ -584,6 +621,32 @@ class SpeculativeSpec(Wire):
 
 
 @dataclass
+class KVTiersSpec(Wire):
+    """A replica's KV tiers behind its device prefix cache (workers/engine/tiered_cache.py): host
+    DRAM (`dram_bytes`), a disk directory with a byte budget (`disk_path`, `disk_bytes`) and the
+    fleet's Mooncake Store (`store_master`, "host:port" of its mooncake_master), loads from the
+    last two only for prefixes of at least `min_prefix_tokens`. The control plane fills these from
+    the deployment's cache policy. The node agent fills what is its machine's: `local_hostname`
+    (how other store clients reach this replica: the node's KV transfer host), `store_protocol`
+    ("tcp" or "rdma"), `store_device` (RDMA device names) and `store_segment_bytes` (memory the
+    replica lends the store); left empty, the engine's defaults hold."""
+
+    dram_bytes: int = 0
+    disk_path: str = ""
+    disk_bytes: int = 0
+    store_master: str = ""
+    min_prefix_tokens: int = 0
+    local_hostname: str = ""
+    store_protocol: str = ""
+    store_device: str = ""
+    store_segment_bytes: int = 0
+
+    def engine_config(self) -> dict:
+        """The engine's `kv_tiers` (KVTierConfig's keys): what is set, so unset ones keep the engine's default."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name)}
+
+
+@dataclass
 class ReplicaSpec(Wire):
     """Everything a replica process needs to start. The control worker builds it from the
     database and sends it to the node agent (workers.protocol.control), which fills in what is
@@ -613,6 +676,7 @@ class ReplicaSpec(Wire):
     local_prefill_tokens: int = 256
     redis_url: str = "redis://127.0.0.1:6379/0"
     speculative: SpeculativeSpec | None = None  # None: no speculation
+    kv_tiers: KVTiersSpec | None = None  # None: the device prefix cache alone
     extra: dict = field(default_factory=dict)
     version: int = VERSION
 

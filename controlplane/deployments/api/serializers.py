@@ -23,6 +23,7 @@ class CachePolicySerializer(serializers.ModelSerializer):
             "dram_tier_bytes",
             "disk_tier_path",
             "disk_tier_bytes",
+            "store_tier",
             "min_cached_prefix_tokens",
             "created_at",
             "updated_at",

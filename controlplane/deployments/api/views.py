@@ -81,7 +81,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
 @extend_schema_view(**_ops("cache_policies"))
 class CachePolicyViewSet(viewsets.ModelViewSet):
     serializer_class = CachePolicySerializer
-    filterset_fields = ["prefix_caching"]
+    filterset_fields = ["name", "prefix_caching"]
     ordering_fields = ["name", "created_at"]
 
     def get_queryset(self):
