@@ -5,9 +5,10 @@ compared with what the same replica process reported at the previous sample; the
 summed per deployment, give tokens/s, TTFT and ITL percentiles of that second (interpolated
 within histogram buckets, as Prometheus' histogram_quantile does), the prefix-cache hit rate and,
 where replicas speculate, that second's mean acceptance length; gauges give queue depth and KV
-use, and `speculation` what the deployment's live replicas drafted and accepted since they
-started (by position in a draft run). Each point is appended to a Redis list capped at 15 minutes
-and sent to the `metrics` Channels group.
+use, `speculation` what the deployment's live replicas drafted and accepted since they started
+(by position in a draft run), and `cache_tiers` where the prompt blocks they looked up came from
+since they started: the device cache, or a KV tier (DRAM, store, disk). Each point is appended
+to a Redis list capped at 15 minutes and sent to the `metrics` Channels group.
 
 Differences are taken per replica process (replica id + incarnation), never on a deployment's
 sum: when a replica leaves, the sum falls, and a fall of the sum cannot be told from a restart,
@@ -38,7 +39,7 @@ def _new_totals() -> dict:
     """A deployment's gauges (its fresh replicas, now) and counts (all its replicas, since the
     previous sample; `counted` is false when there was none)."""
     return {"running": 0, "waiting": 0, "kv_blocks_total": 0, "kv_blocks_free": 0, "replicas_up": 0,
-            "counted": False, "speculation": None, **dict.fromkeys(COUNTERS, 0),
+            "counted": False, "speculation": None, "cache_tiers": None, **dict.fromkeys(COUNTERS, 0),
             **dict.fromkeys(HISTOGRAMS)}  # fmt: skip
 
 
@@ -85,6 +86,18 @@ def _add_speculation(acc: dict | None, spec: dict) -> dict:
     return acc
 
 
+def _add_cache_tiers(acc: dict | None, load: dict) -> dict:
+    """A deployment's prompt blocks looked up since its live replica processes started, and how
+    many of them each cache served: the device prefix cache, or a KV tier the replica has."""
+    acc = acc or {"queries": 0, "blocks": {"device": 0}}
+    acc["queries"] += load.get("prefix_cache_queries", 0)
+    acc["blocks"]["device"] += load.get("prefix_cache_hits", 0)
+    tiers = load.get("kv_tiers") if isinstance(load.get("kv_tiers"), dict) else {}
+    for tier, blocks in (tiers.get("blocks_loaded") or {}).items():
+        acc["blocks"][tier] = acc["blocks"].get(tier, 0) + blocks
+    return acc
+
+
 def counted_since(cur: dict, prev: dict | None) -> dict:
     """What one replica process counted since the previous sample: the difference, or everything
     for a process the previous sample did not see."""
@@ -126,6 +139,7 @@ def aggregate(statuses, previous: dict[str, dict] | None) -> tuple[dict[str, dic
                     t[name] = _add_hist(t[name], new[name])
         if isinstance(metrics.get("speculative"), dict):
             t["speculation"] = _add_speculation(t["speculation"], metrics["speculative"])
+        t["cache_tiers"] = _add_cache_tiers(t["cache_tiers"], load)
         if status.is_fresh():
             t["replicas_up"] += 1
             for key in ("running", "waiting", "kv_blocks_total", "kv_blocks_free"):
@@ -160,6 +174,7 @@ def point(now: float, t: dict, dt: float | None) -> dict:
         "cache_hit_rate": None,
         "spec_acceptance_length": None,
         "speculation": _speculation(t["speculation"]),
+        "cache_tiers": _cache_tiers(t["cache_tiers"]),
     }
     for name in HISTOGRAMS:
         out[f"{name}_p50_ms"] = out[f"{name}_p90_ms"] = None
@@ -191,6 +206,16 @@ def _speculation(spec: dict | None) -> dict | None:
         "mean_acceptance_length": mean_acceptance_length(drafts, accepted),
         "acceptance_per_position": [round(n / drafts, 4) if drafts else None for n in accepted],
     }
+
+
+def _cache_tiers(tiers: dict | None) -> dict | None:
+    """The point's `cache_tiers`: None before any replica reported; else the sums and, by cache,
+    its share of the blocks looked up (null before any was)."""
+    if tiers is None:
+        return None
+    queries = tiers["queries"]
+    rates = {name: round(n / queries, 4) if queries else None for name, n in tiers["blocks"].items()}
+    return {**tiers, "hit_rate": rates}
 
 
 def sample(redis_client, now: float | None = None) -> dict[str, dict]:

@@ -83,6 +83,47 @@ KV_COUNTERS = {
 }
 
 
+# A replica with KV tiers reports them per tier (workers.protocol.replica.KVTiersLoad), labelled `tier`.
+TIER_SERIES = {
+    "hits": ("switchyard_kv_tier_hits_total", "counter", "KV blocks found in the tier."),
+    "misses": ("switchyard_kv_tier_misses_total", "counter",
+               "KV blocks looked up in the tier and not found (checksum failures included)."),
+    "bytes_read": ("switchyard_kv_tier_read_bytes_total", "counter", "Bytes read from the tier."),
+    "bytes_written": ("switchyard_kv_tier_written_bytes_total", "counter", "Bytes written to the tier."),
+    "read_seconds": ("switchyard_kv_tier_read_seconds_total", "counter", "Time spent reading from the tier."),
+    "write_seconds": ("switchyard_kv_tier_write_seconds_total", "counter", "Time spent writing to the tier."),
+    "checksum_failures": ("switchyard_kv_tier_checksum_failures_total", "counter",
+                          "KV blocks read from the tier whose checksum did not match (never used)."),
+    "errors": ("switchyard_kv_tier_errors_total", "counter", "Tier calls that failed."),
+    "evictions": ("switchyard_kv_tier_evictions_total", "counter", "KV blocks evicted to stay within the budget."),
+    "used_bytes": ("switchyard_kv_tier_used_bytes", "gauge",
+                   "Bytes the tier holds (the store: the whole shared store, as this replica sees it)."),
+    "capacity_bytes": ("switchyard_kv_tier_capacity_bytes", "gauge",
+                       "The tier's byte budget (the store: its capacity)."),
+    "available": ("switchyard_kv_tier_available", "gauge", "1 while the tier can be reached."),
+}  # fmt: skip
+TIER_BLOCKS_LOADED = ("switchyard_kv_tier_blocks_loaded_total",
+                      "Prompt blocks admissions took from the tier instead of computing them.")  # fmt: skip
+TIERS_SERIES = {
+    "load_seconds": ("switchyard_kv_tier_load_seconds_total", "counter", "Time the store and disk loads took."),
+    "dropped_writes": ("switchyard_kv_tier_dropped_writes_total", "counter",
+                       "KV blocks not written to a tier because its writes fell behind."),
+    "loads_inflight": ("switchyard_kv_tier_loads_inflight", "gauge", "Requests waiting on a tier load."),
+}  # fmt: skip
+
+
+def _kv_tiers(exp: Exposition, labels: dict, tiers: dict) -> None:
+    for tier, counts in sorted((tiers.get("tiers") or {}).items()):
+        for key, (name, kind, help_text) in TIER_SERIES.items():
+            if key in counts:
+                exp.add(name, kind, help_text, labels, counts[key], extra={"tier": tier})
+    for tier, blocks in sorted((tiers.get("blocks_loaded") or {}).items()):
+        exp.add(TIER_BLOCKS_LOADED[0], "counter", TIER_BLOCKS_LOADED[1], labels, blocks, extra={"tier": tier})
+    for key, (name, kind, help_text) in TIERS_SERIES.items():
+        if key in tiers:
+            exp.add(name, kind, help_text, labels, tiers[key])
+
+
 # A replica that speculates reports its engine's counters (workers.protocol.replica.SpeculativeMetrics).
 SPEC_COUNTERS = {
     "num_drafts": ("switchyard_spec_drafts_total", "Draft runs verified (one per sequence per verifying step)."),
@@ -194,6 +235,8 @@ def render(redis_client) -> str:
             for key, (name, help_text) in table.items():
                 if key in source:
                     exp.add(name, kind, help_text, labels, source[key])
+        if isinstance(load.get("kv_tiers"), dict):  # only replicas with KV tiers report them
+            _kv_tiers(exp, labels, load["kv_tiers"])
         if isinstance(metrics.get("speculative"), dict):  # only replicas that speculate report it
             _speculation(exp, labels, metrics["speculative"])
     for slug, outcomes in sorted(failover.counts(redis_client).items()):

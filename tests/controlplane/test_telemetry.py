@@ -14,6 +14,7 @@ from controlplane.deployments.models import Deployment, Replica
 from controlplane.telemetry.history import PREVIOUS_KEY, history, quantile, sample
 from controlplane.telemetry.prometheus import render
 from workers.protocol import replica as protocol
+from workers.replica.metrics import tier_metrics
 
 BUCKETS = [0.01, 0.1, 1.0]
 
@@ -43,12 +44,14 @@ def replica(deployment, state=Replica.State.READY) -> Replica:
 
 
 def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl=(0, 0, 0, 0), ttft=(0, 0, 0, 0),
-           running=0, waiting=0, free=10, spec=None):  # fmt: skip
+           running=0, waiting=0, free=10, spec=None, tiers=None):  # fmt: skip
     """A replica's heartbeat: the fields and encoding of workers/replica/server.py (`spec`: the
-    SpeculativeMetrics of a replica that speculates)."""
+    SpeculativeMetrics of a replica that speculates; `tiers`: its engine's tier_stats())."""
     hist = lambda counts: {"buckets": BUCKETS, "counts": list(counts), "sum": 0.0, "count": sum(counts)}  # noqa: E731
     load = {"running": running, "waiting": waiting, "kv_blocks_total": 10, "kv_blocks_free": free,
             "prefix_cache_hits": hits, "prefix_cache_queries": queries}  # fmt: skip
+    if tiers is not None:
+        load["kv_tiers"] = tier_metrics(tiers)
     metrics = {"deployment": r.deployment.slug, "generation_tokens": tokens, "ttft_seconds": hist(ttft),
                "itl_seconds": hist(itl), **({"speculative": spec} if spec else {})}  # fmt: skip
     redis.hset(protocol.status_key(r.pk), mapping={
@@ -178,3 +181,58 @@ def test_a_deployment_without_speculation_has_none_in_its_points(redis, deployme
     report(redis, r, "a", tokens=9)
     p = sample(redis, now=2.0)["demo"]
     assert (p["speculation"], p["spec_acceptance_length"]) == (None, None)
+
+
+def tier_stats(dram_loaded=0, store_loaded=0, store_up=True, **dram) -> dict:
+    """An engine's tier_stats() with a DRAM tier and the store (workers/engine/tiered_cache.py)."""
+    counts = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "checksum_failures", "errors",
+                            "evictions", "used_bytes", "capacity_bytes"), 0)  # fmt: skip
+    return {
+        "tiers": {"dram": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": True, **dram},
+                  "store": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": store_up}},
+        "blocks_loaded": {"dram": dram_loaded, "store": store_loaded, "disk": 0},  # the engine counts every kind
+        "load_seconds": 0.5, "dropped_writes": 2, "loads_inflight": 1,
+    }  # fmt: skip
+
+
+def test_kv_tiers_are_rendered_per_tier_for_replicas_that_have_them(redis, deployment):
+    tiered, plain = replica(deployment), replica(deployment)
+    report(redis, tiered, "a", tiers=tier_stats(dram_loaded=7, store_loaded=3, store_up=False, hits=9, misses=4,
+                                                bytes_read=9 * 4096, checksum_failures=1, used_bytes=65536,
+                                                capacity_bytes=1 << 20, read_seconds=0.25))  # fmt: skip
+    report(redis, plain, "b")
+    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
+               if s.name.startswith("switchyard_kv_tier_")]  # fmt: skip
+    assert {s.labels["replica"] for s in samples} == {str(tiered.pk)}
+    value = {(s.name, s.labels.get("tier")): s.value for s in samples}
+    assert value[("switchyard_kv_tier_hits_total", "dram")] == 9
+    assert value[("switchyard_kv_tier_misses_total", "dram")] == 4
+    assert value[("switchyard_kv_tier_read_bytes_total", "dram")] == 9 * 4096
+    assert value[("switchyard_kv_tier_read_seconds_total", "dram")] == 0.25
+    assert value[("switchyard_kv_tier_checksum_failures_total", "dram")] == 1
+    assert value[("switchyard_kv_tier_used_bytes", "dram")] == 65536
+    assert value[("switchyard_kv_tier_capacity_bytes", "dram")] == 1 << 20
+    assert (value[("switchyard_kv_tier_available", "dram")], value[("switchyard_kv_tier_available", "store")]) == (1, 0)
+    # Blocks loaded for the tiers the replica has, not every kind the engine counts.
+    assert {k: v for k, v in value.items() if k[0] == "switchyard_kv_tier_blocks_loaded_total"} == {
+        ("switchyard_kv_tier_blocks_loaded_total", "dram"): 7,
+        ("switchyard_kv_tier_blocks_loaded_total", "store"): 3,
+    }
+    whole = [value[(f"switchyard_kv_tier_{name}", None)] for name in ("load_seconds_total", "dropped_writes_total",
+                                                                       "loads_inflight")]  # fmt: skip
+    assert whole == [0.5, 2, 1]
+    families = {f.name: f.type for f in text_string_to_metric_families(render(redis))}
+    assert families["switchyard_kv_tier_hits"] == "counter" and families["switchyard_kv_tier_used_bytes"] == "gauge"
+
+
+def test_a_point_shows_the_hit_rate_by_cache_tier_since_the_replicas_started(redis, deployment):
+    tiered, plain = replica(deployment), replica(deployment)
+    report(redis, tiered, "a", hits=20, queries=100, tiers=tier_stats(dram_loaded=30, store_loaded=10))
+    report(redis, plain, "b", hits=10, queries=100)
+    p = sample(redis, now=1000.0)["demo"]
+    assert p["cache_tiers"] == {"queries": 200, "blocks": {"device": 30, "dram": 30, "store": 10},
+                                "hit_rate": {"device": 0.15, "dram": 0.15, "store": 0.05}}  # fmt: skip
+    # Both restarted and have looked nothing up since: no rate to show, rather than 0%.
+    report(redis, tiered, "c", tiers=tier_stats())
+    report(redis, plain, "d")
+    assert sample(redis, now=1001.0)["demo"]["cache_tiers"]["hit_rate"] == {"device": None, "dram": None, "store": None}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from workers.protocol.replica import SpeculativeMetrics
+from workers.protocol.replica import KVTierCounters, KVTiersLoad, SpeculativeMetrics
 
 # Seconds. TTFT spans queueing and prefill; ITL one decode step plus delivery.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -85,4 +85,30 @@ def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics |
         "accepted_per_position": [int(n) for n in stats.get("accepted_per_position", [])],
         "verify_seconds": round(float(stats.get("verify_seconds", 0.0)), 6),
         "draft_seconds": round(float(stats.get("draft_seconds", 0.0)), 6),
+    }
+
+
+TIER_COUNTS = ("hits", "misses", "bytes_read", "bytes_written", "checksum_failures", "errors", "evictions",
+               "used_bytes", "capacity_bytes")  # fmt: skip
+TIER_SECONDS = ("read_seconds", "write_seconds")
+
+
+def tier_metrics(stats: dict | None) -> KVTiersLoad | None:
+    """What the replica reports of its engine's KV tiers (`LLMEngine.tier_stats()`), or None when
+    it has none. Typed and rounded here: the engine's dict is not the wire's."""
+    if stats is None:
+        return None
+    tiers: dict[str, KVTierCounters] = {}
+    for name, counts in (stats.get("tiers") or {}).items():
+        tier = {key: int(counts.get(key, 0)) for key in TIER_COUNTS}
+        tier.update({key: round(float(counts.get(key, 0.0)), 6) for key in TIER_SECONDS})
+        tier["available"] = bool(counts.get("available", True))
+        tiers[str(name)] = tier  # type: ignore[assignment]
+    return {
+        "tiers": tiers,
+        # the tiers it has only (the engine counts every kind)
+        "blocks_loaded": {str(k): int(v) for k, v in (stats.get("blocks_loaded") or {}).items() if k in tiers},
+        "load_seconds": round(float(stats.get("load_seconds", 0.0)), 6),
+        "dropped_writes": int(stats.get("dropped_writes", 0)),
+        "loads_inflight": int(stats.get("loads_inflight", 0)),
     }
