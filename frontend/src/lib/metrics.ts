@@ -1,5 +1,6 @@
 // The Overview's time series: 15 minutes of 1-second points per deployment, history then live.
 
+import type { CacheTierRates } from "../components/CacheTiers";
 import type { SpeculationStats } from "../components/Speculation";
 
 export type Point = {
@@ -15,6 +16,7 @@ export type Point = {
   replicas_up: number;
   spec_acceptance_length?: number | null; // this second's, where replicas speculate
   speculation?: SpeculationStats | null; // since the live replicas started; null: none speculates
+  cache_tiers?: CacheTierRates | null; // blocks served by each cache since the live replicas started
 };
 
 export const WINDOW_SECONDS = 15 * 60;
@@ -36,6 +38,11 @@ export function columns(series: Point[], fields: (keyof Point)[]): (number | nul
 /** The newest point's speculation (null when its replicas do not speculate, or no point yet). */
 export function latestSpeculation(series: Point[]): SpeculationStats | null {
   return series.length ? (series[series.length - 1].speculation ?? null) : null;
+}
+
+/** The newest point's hit rate by cache (null before any replica reported). */
+export function latestCacheTiers(series: Point[]): CacheTierRates | null {
+  return series.length ? (series[series.length - 1].cache_tiers ?? null) : null;
 }
 
 export function latest(series: Point[], field: keyof Point): number | null {

@@ -3,11 +3,24 @@ import { MemoryRouter, Route, Routes } from "react-router-dom";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { DeploymentDetail, Deployments } from "./Deployments";
 
-const deployment = vi.hoisted(() => ({ current: {} as Record<string, unknown>, rows: [] as Record<string, unknown>[] }));
+const deployment = vi.hoisted(() => ({
+  current: {} as Record<string, unknown>,
+  rows: [] as Record<string, unknown>[],
+  replicas: [] as Record<string, unknown>[],
+  policies: [] as Record<string, unknown>[],
+}));
 vi.mock("../lib/api", async (original) => ({
   ...(await original<typeof import("../lib/api")>()),
   api: vi.fn(async () => deployment.current),
-  list: vi.fn(async (path: string) => (path === "deployments/" ? deployment.rows : [])),
+  list: vi.fn(async (path: string) => {
+    if (path === "deployments/") return deployment.rows;
+    if (path.startsWith("replicas/")) return deployment.replicas;
+    if (path.startsWith("cache-policies/?name=")) {
+      const name = decodeURIComponent(path.split("=")[1]);
+      return deployment.policies.filter((p) => p.name === name);
+    }
+    return [];
+  }),
 }));
 
 function renderDetail() {
@@ -65,5 +78,22 @@ describe("deployment page", () => {
     const statuses = await screen.findAllByTestId("status");
     expect(statuses.map((s) => s.textContent?.trim())).toEqual(["running", "failed"]);
     expect(statuses[1].className).toBe("error");
+  });
+
+  it("shows the deployment's cache policy tiers and each replica's use of them", async () => {
+    const dram = { hits: 12, misses: 3, bytes_read: 0, bytes_written: 0, read_seconds: 0, write_seconds: 0, checksum_failures: 0,
+      errors: 0, evictions: 0, used_bytes: 2 ** 20, capacity_bytes: 4 * 2 ** 20, available: true };
+    deployment.policies = [{ name: "agents", prefix_caching: true, dram_tier_bytes: 4 * 2 ** 20, disk_tier_path: "", disk_tier_bytes: 0,
+      store_tier: false, min_cached_prefix_tokens: 0 }];
+    deployment.replicas = [{ id: 5, role: "colocated", state: "ready", load: { kv_tiers: { tiers: { dram }, blocks_loaded: { dram: 9 },
+      load_seconds: 0, dropped_writes: 0, loads_inflight: 0 } } }];
+    deployment.current = { ...base, cache_policy: "agents", placement_error: "" };
+    renderDetail();
+    expect((await screen.findByTestId("policy-tiers")).textContent).toBe("DRAM 4.0 MiB per replica");
+    const row = (await screen.findByRole("table", { name: "KV tier use" })).querySelector('tr[data-replica="5"][data-tier="dram"]');
+    expect(row?.querySelector(".used")?.textContent?.trim()).toBe("1.0 MiB / 4.0 MiB");
+    expect([row?.querySelector(".hits")?.textContent, row?.querySelector(".loaded")?.textContent]).toEqual(["12", "9"]);
+    deployment.policies = [];
+    deployment.replicas = [];
   });
 });

@@ -1,5 +1,6 @@
 import { FormEvent, useCallback, useEffect, useState } from "react";
 import { Link, useParams } from "react-router-dom";
+import { TierPolicy, TierUse } from "../components/CacheTiers";
 import { ErrorText, Field } from "../components/Form";
 import { speculationLabel } from "../components/Speculation";
 import { api, fieldErrors, list } from "../lib/api";
@@ -112,6 +113,7 @@ export function DeploymentDetail() {
   const [dep, setDep] = useState<any>(null);
   const [replicas, setReplicas] = useState<any[]>([]);
   const [error, setError] = useState("");
+  const [policy, setPolicy] = useState<TierPolicy | null>(null); // the deployment's cache policy, once read
   const load = useCallback(() => {
     api(`deployments/${slug}/`).then(setDep, (e) => setError(String(e.message)));
     list(`replicas/?deployment__slug=${slug}`).then(setReplicas);
@@ -121,6 +123,11 @@ export function DeploymentDetail() {
     const timer = setInterval(load, 1500);
     return () => clearInterval(timer);
   }, [load]);
+  const policyName: string | null | undefined = dep?.cache_policy;
+  useEffect(() => {
+    setPolicy(null);
+    if (policyName) list<TierPolicy>(`cache-policies/?name=${encodeURIComponent(policyName)}`).then((found) => setPolicy(found[0] ?? null));
+  }, [policyName]);
   const act = async (action: string, body?: unknown) => {
     if (!window.confirm(`${action} ${slug}?`)) return;
     setError("");
@@ -157,6 +164,7 @@ export function DeploymentDetail() {
         </p>
       )}
       {dep.placement_error && <p className="error" data-testid="placement-error">Cannot place replicas: {dep.placement_error}</p>}
+      {(!dep.cache_policy || policy?.name === dep.cache_policy) && <TierUse policy={policy} replicas={live} />}
       {["colocated", "prefill", "decode"].map((role) => {
         const rs = live.filter((r) => r.role === role);
         if (!rs.length) return null;

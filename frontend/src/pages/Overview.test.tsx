@@ -61,4 +61,18 @@ describe("overview", () => {
     expect((await screen.findByTestId("acceptance-length")).textContent).toBe("2.10");
     expect(screen.getAllByTestId("speculation")).toHaveLength(1);
   });
+
+  it("shows each deployment's hit rate by cache from its newest point", async () => {
+    const tiers = { queries: 100, blocks: { device: 40, dram: 25, store: 10 }, hit_rate: { device: 0.4, dram: 0.25, store: 0.1 } };
+    const point = (t: number, cache_tiers: unknown) => ({ t, queue_depth: 0, replicas_up: 1, cache_tiers });
+    vi.mocked(api).mockImplementation(async (path: string) => ({
+      points: path.includes("deployment=tiered") ? [point(1, null), point(2, tiers)] : [],
+    }));
+    rows.current = [deployment("tiered", null), deployment("fresh", null)];
+    render(<Overview />);
+    await vi.waitFor(() => {
+      const lines = screen.getAllByTestId("tier-hit-rates").map((l) => l.textContent);
+      expect(lines).toEqual(["Hit rate by cache: device 40% · DRAM 25% · store 10%", "Hit rate by cache: device –"]);
+    });
+  });
 });

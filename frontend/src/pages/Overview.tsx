@@ -1,10 +1,11 @@
 import { useEffect, useState } from "react";
 import ReconnectingWebSocket from "reconnecting-websocket";
+import { TierHitRates } from "../components/CacheTiers";
 import { HitRates } from "../components/HitRates";
 import { Speculation } from "../components/Speculation";
 import { TimeChart } from "../components/TimeChart";
 import { api, list, wsUrl } from "../lib/api";
-import { columns, latest, latestSpeculation, mergePoints, Point } from "../lib/metrics";
+import { columns, latest, latestCacheTiers, latestSpeculation, mergePoints, Point } from "../lib/metrics";
 
 export function Overview() {
   const [deployments, setDeployments] = useState<any[]>([]);
@@ -63,6 +64,7 @@ export function Overview() {
               {pct(latest(s, "kv_use"))} · cache hits {pct(latest(s, "cache_hit_rate"))}
             </p>
             <HitRates quality={d.routing_quality} />
+            <TierHitRates tiers={latestCacheTiers(s)} />
             <Speculation deployment={d} stats={latestSpeculation(s)} />
             <div className="grid">
               <TimeChart title="Output tokens/s" labels={["tok/s"]} data={columns(s, ["tokens_per_second"])} />
