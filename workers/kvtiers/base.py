@@ -96,7 +96,8 @@ class KVTier(ABC):
         self.count(bytes_written=written, write_seconds=time.perf_counter() - started)
 
     def get_many(self, keys: list[str], hashes: list[int]) -> list[bytes | None]:
-        """Verified payloads in the order of `keys`, None for a miss; never raises."""
+        """Verified payloads in the order of `keys`, None for a miss; a backend failure is a
+        miss of every key, never an exception."""
         if len(keys) != len(hashes):
             raise ValueError(f"{len(keys)} keys but {len(hashes)} hashes")
         if not keys:

@@ -19,7 +19,8 @@ files, exact while the ledger's generation is the one this process last wrote; w
 process has changed the directory since, and room must be made, the index is rebuilt from a
 directory scan, and the eviction then frees an extra 1/32 of the capacity so that replicas
 writing in turn do not scan on every write. A process that dies mid-write leaves the ledger
-counting bytes it never wrote (never fewer than are there); the next scan corrects it.
+counting bytes it never wrote (never fewer than are there); the next scan corrects it. The
+processes sharing a directory should give it the same capacity (each enforces its own).
 
 At start the tier adopts the files it finds (a restarted replica finds its blocks) and removes
 temporary files of writers that died.

@@ -126,6 +126,8 @@ class MooncakeStoreTier(KVTier):
 
     def _found(self) -> None:
         with self._state_lock:
+            if self._closed.is_set():
+                return
             self.stats.available = True
             was_lost, self._warned = self._warned, False
         log.info("Mooncake store at %s %s", self.master_address, "reconnected" if was_lost else "connected")
@@ -269,9 +271,10 @@ class MooncakeStoreTier(KVTier):
     def close(self, timeout_s: float = 15.0) -> None:
         """Unmount this client's segment (Mooncake takes 2 s for it, up to 12 s with the master
         gone); waits at most `timeout_s`, then leaves it to the call thread."""
-        self._closed.set()
+        with self._state_lock:
+            self._closed.set()
+            self.stats.available = False
         self._wake.set()
-        self.stats.available = False
         if self._set_up:
             try:
                 self._calls.submit(self._store.close).result(timeout=timeout_s)
