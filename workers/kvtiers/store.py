@@ -98,6 +98,9 @@ class MooncakeStoreTier(KVTier):
         self.metrics_address = metrics_address
         self.stats.available = False
         self.stats.capacity_bytes = segment_bytes
+        # Without this, a setup with the master down retries for ~90 s; the tier retries itself.
+        # Set here, before this tier's threads start (setenv races with readers in C threads).
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
         self._store = None  # touched only on the call thread
         self._set_up = False
         self._calls = _CallThread("kv-store-calls")
@@ -172,8 +175,6 @@ class MooncakeStoreTier(KVTier):
                     f"Mooncake is not importable ({exc}); install mooncake-transfer-engine-non-cuda "
                     "(or mooncake-transfer-engine on CUDA machines)"
                 ) from exc
-            # Without this, setup retries for ~90 s when the master is down; we retry ourselves.
-            os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
             self._store = self._store or MooncakeDistributedStore()
             rc = self._store.setup(
                 self.local_hostname,
