@@ -1,9 +1,10 @@
 """`make run`: the whole control plane on this machine, in the foreground.
 
-Starts Redis if none answers, the web server (uvicorn, ASGI), Celery beat, the control worker
-and this machine's node agent, and restarts any of them that dies (with a backoff); registers
-the demo model, deploys it as `demo`, and says Switchyard is running only once the demo replica
-has answered a chat completion through the gateway with the API key. The admin user, its
+Starts Redis if none answers, the Mooncake Store's master (unless SWITCHYARD_KV_STORE_MASTER names
+one), the web server (uvicorn, ASGI), Celery beat, the control worker and this machine's node
+agent, and restarts any of them that dies (with a backoff); registers the demo model, deploys it
+as `demo`, and says Switchyard is running only once the demo replica has answered a chat
+completion through the gateway with the API key. The admin user, its
 password and the API key are kept in .switchyard/run.json (mode 0600) and reused by the next
 run while they still work. Ctrl-C (or SIGTERM) stops everything it started.
 """
@@ -210,6 +211,49 @@ def ensure_redis(url: str, sup: Supervisor, logs_dir: Path) -> str | None:
     return None
 
 
+def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
+    """The Mooncake Store master a cache policy's `store_tier` uses: the operator's when
+    SWITCHYARD_KV_STORE_MASTER is set, else a `mooncake_master` started (and supervised) here on
+    127.0.0.1:KV_STORE_PORT (default 50051). Its address, exported for the web and control
+    processes started after this; None when there is none. The store is optional: without it,
+    make run serves all the same and a policy asking for it gets a 400 saying how to set it up."""
+    from workers.kvtiers.master import MasterError, free_port, master_binary
+
+    configured = os.environ.get("SWITCHYARD_KV_STORE_MASTER")
+    if configured:
+        log(f"KV store: the mooncake_master at {configured} (SWITCHYARD_KV_STORE_MASTER)")
+        return configured
+    port = int(os.environ.get("KV_STORE_PORT", "50051"))
+    try:
+        master_binary()
+    except MasterError as exc:
+        log(f"KV store: off ({exc})")
+        return None
+    if _listening(port):
+        log(f"KV store: off (port {port} is taken; set KV_STORE_PORT to a free one, or SWITCHYARD_KV_STORE_MASTER "
+            "to a running mooncake_master)")  # fmt: skip
+        return None
+    # Its HTTP metrics port is of no use here: any free one.
+    args = [PY, "-m", "workers.kvtiers.master", "--port", str(port), "--metrics-port", str(free_port())]
+    sup.start("kvstore", args, logs_dir / "kvstore.log")
+    address = f"127.0.0.1:{port}"
+    if not wait(lambda: _listening(port), 10, sup, interval=0.1):
+        log(f"KV store: mooncake_master did not listen on {address} within 10 s; see {logs_dir / 'kvstore.log'} "
+            "(it is restarted like the other processes)")  # fmt: skip
+    else:
+        log(f"started kvstore: mooncake_master on {address} (log: {logs_dir / 'kvstore.log'})")
+    os.environ["SWITCHYARD_KV_STORE_MASTER"] = address
+    return address
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
 def read_previous(run_file: Path) -> dict | None:
     try:
         previous = json.loads(run_file.read_text())
@@ -367,6 +411,7 @@ def run(sup: Supervisor, started: datetime) -> int:
     if previous and not creds["notes"]:
         log(f"reusing the admin user, password and API key from {run_file}")
 
+    ensure_kv_store(sup, logs_dir)  # before web and control: they read its address from the environment
     celery = [PY, "-m", "celery", "-A", "controlplane.config"]
     services = {
         "web": [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",

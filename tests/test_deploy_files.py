@@ -134,7 +134,7 @@ def test_the_worker_image_installs_its_distributions_own_python():
 def test_compose_builds_exist_and_every_service_restarts():
     spec = compose()
     services = spec["services"]
-    assert {"postgres", "redis", "migrate", "web", "beat", "control", "agent"} <= set(services)
+    assert {"postgres", "redis", "mooncake-master", "migrate", "web", "beat", "control", "agent"} <= set(services)
     for name, service in services.items():
         assert "image" in service or "build" in service, name
         if "build" in service:
@@ -154,6 +154,16 @@ def test_agents_get_redis_and_no_database_credentials():
     assert "DATABASE_URL" not in agent_env and "SECRET_KEY" not in agent_env
     for name in ("migrate", "web", "beat", "control"):
         assert services[name]["environment"]["DATABASE_URL"].startswith("postgres://"), name
+
+
+def test_the_kv_store_master_runs_beside_redis_and_the_control_plane_sends_its_address():
+    services = compose()["services"]
+    master = services["mooncake-master"]
+    assert master["image"] == services["agent"]["image"]  # the image with Mooncake
+    assert master["command"].startswith("python -m workers.kvtiers.master --host 0.0.0.0")
+    port = re.search(r"--port (\d+)", master["command"]).group(1)
+    for name in ("web", "control"):  # the control worker builds the replica specs; web validates policies
+        assert services[name]["environment"]["SWITCHYARD_KV_STORE_MASTER"] == f"mooncake-master:{port}", name
 
 
 def test_models_are_at_the_same_path_on_the_api_and_the_agents():
@@ -193,6 +203,9 @@ def test_systemd_units_restart_what_dies_with_their_environment_file(unit):
     service = _unit(unit)["Service"]
     assert service["Restart"] == "always" and float(service["RestartSec"]) > 0
     assert _unit(unit)["Unit"]["StartLimitIntervalSec"] == "0"  # never give up restarting
+    if "kvstore" in unit.name:  # mooncake_master needs no settings, and is given none of the secrets
+        assert "EnvironmentFile" not in service and "workers.kvtiers.master" in service["ExecStart"]
+        return
     env_file = Path(service["EnvironmentFile"])
     assert (SYSTEMD / env_file.name).is_file()
     env = (SYSTEMD / env_file.name).read_text()
@@ -206,7 +219,8 @@ def test_systemd_units_restart_what_dies_with_their_environment_file(unit):
 def test_systemd_units_cover_every_process_and_verify(tmp_path):
     names = {u.name for u in UNITS}
     assert {"switchyard-web.service", "switchyard-beat.service", "switchyard-control.service",
-            "switchyard-agent.service", "switchyard-migrate.service"} <= names  # fmt: skip
+            "switchyard-agent.service", "switchyard-migrate.service",
+            "switchyard-kvstore.service"} <= names  # fmt: skip
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")

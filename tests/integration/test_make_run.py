@@ -124,6 +124,7 @@ def run_env(state_dir: Path, **overrides) -> dict:
         "PORT": str(free_port()),
         "SWITCHYARD_NODE": f"mr-{uuid.uuid4().hex[:6]}",
         "CHANNELS_PREFIX": f"mr{uuid.uuid4().hex[:6]}",
+        "KV_STORE_PORT": str(free_port()),  # its mooncake_master's (another stack may hold the default)
         "PYTHONPATH": str(ROOT),
         **overrides,
     }
@@ -139,6 +140,11 @@ def assert_serves(url: str, api_key: str) -> None:
     answer = chat(url, api_key)
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
+
+
+def management_token(env: dict) -> str:
+    return subprocess.run([sys.executable, "manage.py", "create_token", "admin", "--name", "test"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
 
 
 def assert_nothing_locked(state_dir: Path) -> None:
@@ -185,6 +191,11 @@ def test_a_second_run_serves_with_the_same_admin_password_and_api_key(state):
         assert "reusing the admin user, password and API key" in run.output
         assert "ROTATED" not in run.output and "created" not in run.output
         assert_serves(info["url"], first["api_key"])
+        # Its own mooncake_master, which the control plane knows: a cache policy may use the store.
+        assert f"started kvstore: mooncake_master on 127.0.0.1:{env['KV_STORE_PORT']}" in run.output
+        policy = httpx.post(f"{info['url']}api/v1/cache-policies/", json={"name": "shared", "store_tier": True},
+                            headers={"Authorization": f"Bearer {management_token(env)}"}, timeout=30)  # fmt: skip
+        assert policy.status_code == 201, policy.text
         with httpx.Client(base_url=info["url"], timeout=30) as console:  # the printed password signs in
             console.get("/api/v1/auth/me/")
             signed_in = console.post("/api/v1/auth/login/", headers={"X-CSRFToken": console.cookies["csrftoken"]},
@@ -208,8 +219,7 @@ def test_a_killed_control_worker_and_node_agent_are_restarted_and_the_stack_keep
         run, info = serve_until_running(env, state_dir)
         assert info["api_key"] == first["api_key"]
         assert_serves(info["url"], first["api_key"])
-        token = subprocess.run([sys.executable, "manage.py", "create_token", "admin", "--name", "test"], cwd=ROOT,
-                               env=env, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        token = management_token(env)
 
         def heartbeat_after(moment: datetime):
             nodes = httpx.get(f"{info['url']}api/v1/nodes/?name={env['SWITCHYARD_NODE']}", timeout=10,
