@@ -73,3 +73,57 @@ def test_allocation_fails_cleanly_when_full():
     a = seq(list(range(12)), "a")
     assert bm.allocate(a, 100) is None
     assert a.block_table == [] and bm.num_free_blocks == 2
+
+
+class Loaded:
+    """A block a KV tier found for a sequence (tiered_cache.FetchedBlock's shape)."""
+
+    def __init__(self, index, h, token_ids):
+        self.index, self.hash, self.token_ids = index, h, tuple(token_ids)
+
+
+def loaded_for(tokens, block_size, indices):
+    hashes, prev = [], None
+    for i in range(len(tokens) // block_size):
+        prev = chain_hash(prev, tokens[i * block_size : (i + 1) * block_size])
+        hashes.append(prev)
+    return [Loaded(i, hashes[i], tokens[i * block_size : (i + 1) * block_size]) for i in indices]
+
+
+def test_evicted_blocks_are_handed_over_before_reuse_with_their_identity():
+    seen = []
+    bm = BlockManager(num_blocks=4, block_size=2, on_evict=lambda b: seen.append((b.block_id, b.hash, b.token_ids)))
+    a = seq([1, 2, 3, 4, 5], "a")
+    bm.allocate(a, 100)
+    finish_prefill(bm, a)
+    second = a.block_table[1]
+    bm.free(a)
+    bm.allocate(seq([7, 7, 8, 8, 9], "b"), 100)  # needs 3 fresh blocks: evicts [3, 4], the LRU one
+    assert seen == [(second, chain_hash(chain_hash(None, (1, 2)), (3, 4)), (3, 4))]
+
+
+def test_tier_blocks_extend_the_device_prefix_and_join_the_cache():
+    tokens = list(range(1, 14))  # 3 full blocks of 4 can be served, the 13th token is computed
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = seq(tokens[:5], "a")  # the device holds block 0 only
+    bm.allocate(a, 100)
+    finish_prefill(bm, a)
+    bm.free(a)
+    written = []
+    b = seq(tokens, "b")
+    cached = bm.allocate(b, 100, loaded_for(tokens, 4, [1, 2]), lambda bid, blk: written.append((bid, blk.index)))
+    assert cached == 12 and b.num_computed_tokens == 12
+    assert [i for _, i in written] == [1, 2]
+    assert [bid for bid, _ in written] == b.block_table[1:3]
+    for bid, blk in zip(b.block_table[1:3], loaded_for(tokens, 4, [1, 2]), strict=True):
+        assert bm.hash_to_block[blk.hash] == bid  # findable by the next request
+    assert bm.take_kv_events()[0][-2:] == [blk.hash for blk in loaded_for(tokens, 4, [1, 2])]
+
+
+def test_tier_blocks_after_a_gap_are_not_used():
+    tokens = list(range(1, 14))
+    bm = BlockManager(num_blocks=8, block_size=4)
+    b = seq(tokens, "b")  # nothing on the device: blocks 1 and 2 alone would leave a hole at 0
+    written = []
+    assert bm.allocate(b, 100, loaded_for(tokens, 4, [1, 2]), lambda bid, blk: written.append(bid)) == 0
+    assert written == []

@@ -9,14 +9,27 @@
   least-recently-used first, after all never-cached free blocks are used up.
 * Every hash that enters or leaves the cache is recorded (`take_kv_events`), so the replica can
   publish which blocks it holds for prefix-aware routing (workers.protocol.kv_blocks).
+* With KV tiers (tiered_cache.py): a cached block about to be evicted is first handed to
+  `on_evict` (written back to host memory or disk), and `allocate` can take blocks loaded from a
+  tier (`loaded`) to extend the prefix the device cache served.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Protocol
 
 from workers.engine.sequence import Sequence
 from workers.protocol.kv_blocks import chain_hash  # routers compute the same hashes
+
+
+class LoadedBlock(Protocol):
+    """A block's K/V fetched from a KV tier, for `allocate`."""
+
+    index: int  # its position in the sequence, in blocks
+    hash: int
+    token_ids: tuple[int, ...]
 
 
 class Block:
@@ -30,7 +43,15 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        on_evict: Callable[[Block], None] | None = None,
+    ):
+        """`on_evict(block)`: called with a cached block (hash, token ids and id still set, its
+        K/V still in place) just before its memory is reused."""
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block; raise the KV memory budget")
         self.block_size = block_size
@@ -43,6 +64,7 @@ class BlockManager:
         self._kv_changes: dict[int, bool] = {}
         self.hits = 0  # prompt blocks served from the cache (for metrics)
         self.queries = 0  # prompt blocks looked up
+        self.on_evict = on_evict
 
     @property
     def num_blocks(self) -> int:
@@ -56,15 +78,17 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- admission ----------------------------------------------------------------------------
+    def max_prefix_blocks(self, seq: Sequence) -> int:
+        """How many leading full blocks of `seq` a cache could serve: all but the one holding its
+        last token, whose logits start generation and so must be computed."""
+        return (seq.num_tokens - 1) // self.block_size if self.enable_prefix_caching else 0
+
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """(block_id, hash) of the leading full blocks of `seq` already in the cache."""
-        if not self.enable_prefix_caching:
-            return []
         hits: list[tuple[int, int]] = []
         prev = None
         bs = self.block_size
-        # Leave at least one token to compute: its logits start generation.
-        for i in range((seq.num_tokens - 1) // bs):
+        for i in range(self.max_prefix_blocks(seq)):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(prev, tokens)
             bid = self.hash_to_block.get(h)
@@ -74,13 +98,31 @@ class BlockManager:
             prev = h
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> int | None:
+    def cached_prefix_blocks(self, seq: Sequence) -> int:
+        """How many leading blocks of `seq` the device cache would serve now."""
+        return len(self._prefix_hits(seq))
+
+    def allocate(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        loaded: list[LoadedBlock] = (),
+        write: Callable[[int, LoadedBlock], None] | None = None,
+    ) -> int | None:
         """Give a waiting `seq` its cached prefix and room for its first `num_new_tokens`
-        uncached tokens. Returns how many tokens the cache covered, or None (nothing changed)
-        when there is not enough free memory."""
+        uncached tokens. Returns how many tokens the caches covered, or None (nothing changed)
+        when there is not enough free memory.
+
+        `loaded`: blocks a KV tier holds for `seq` (tiered_cache.py), in block order. Those that
+        continue the device prefix without a gap get fresh blocks, which `write(block_id,
+        block)` fills; they join the prefix cache at once, which is safe because everything here
+        runs on the engine's thread before the next model step."""
         assert not seq.block_table
         hits = self._prefix_hits(seq)
-        cached = len(hits) * self.block_size
+        extra = [b for b in loaded if b.index >= len(hits)]
+        if extra and extra[0].index != len(hits):  # the device lost blocks since the lookup: a gap
+            extra = []
+        cached = (len(hits) + len(extra)) * self.block_size
         revived = sum(1 for bid, _ in hits if self.blocks[bid].ref_count == 0)
         total = self.blocks_needed(cached + min(num_new_tokens, seq.num_tokens - cached))
         if total - len(hits) + revived > self.num_free_blocks:
@@ -89,6 +131,16 @@ class BlockManager:
             self._take(bid)
             seq.block_table.append(bid)
             seq.block_hashes.append(h)
+        for b in extra:
+            bid = self._new_block()
+            write(bid, b)
+            block = self.blocks[bid]
+            block.hash, block.token_ids = b.hash, b.token_ids
+            if b.hash not in self.hash_to_block:
+                self.hash_to_block[b.hash] = bid
+                self._kv_changed(b.hash, True)
+            seq.block_table.append(bid)
+            seq.block_hashes.append(b.hash)
         self.queries += seq.num_tokens // self.block_size
         self.hits += len(hits)
         seq.num_computed_tokens = cached
@@ -107,6 +159,8 @@ class BlockManager:
         else:
             bid, _ = self.free_cached.popitem(last=False)  # evict the least recently used
             block = self.blocks[bid]
+            if self.on_evict is not None:
+                self.on_evict(block)
             self._uncache(block)
             block.hash, block.token_ids = None, ()
         self.blocks[bid].ref_count = 1

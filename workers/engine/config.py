@@ -146,3 +146,5 @@ class EngineConfig:
     seed: int = 0
     # vLLM's spelling, e.g. {"method": "ngram", "num_speculative_tokens": 3}; spec/config.py.
     speculative_config: dict | None = None
+    # KV tiers behind the device cache, e.g. {"dram_bytes": 1 << 30}; tiered_cache.KVTierConfig.
+    kv_tiers: dict | None = None

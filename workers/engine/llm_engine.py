@@ -16,7 +16,7 @@ import torch
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError
-from workers.engine.loader import eos_token_ids, load_model
+from workers.engine.loader import eos_token_ids, load_model, weights_identity
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
@@ -25,6 +25,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.engine.spec import SpecStats, SpeculativeConfig, make_drafter
+from workers.engine.tiered_cache import KVTierConfig, TieredCache
 from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
 
@@ -51,6 +52,7 @@ class LLMEngine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
         self.speculative = SpeculativeConfig.from_dict(config.speculative_config)  # refused before loading
+        tier_config = KVTierConfig.from_dict(config.kv_tiers)
         progress("reading config", 0.05)
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -74,8 +76,16 @@ class LLMEngine:
         if self.max_model_len < 2:
             raise RequestError("the KV cache budget is too small to hold a single request; raise it")
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
+        self.tiers = None
+        if tier_config is not None and config.enable_prefix_caching:
+            progress("connecting KV tiers", 0.87)
+            layout = {**self.kv_layout(), "model": weights_identity(config.model)}
+            self.tiers = TieredCache(tier_config, self.runner.kv_cache, layout, config.block_size)
+            self.block_manager.on_evict = self.tiers.on_evict
+        elif tier_config is not None:
+            raise RequestError("kv_tiers need prefix caching: they extend the prefix cache")
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.tiers)
         self.sampler = Sampler(config.seed)
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
         self.drafter = None
@@ -102,9 +112,12 @@ class LLMEngine:
         hold_blocks: bool = False,
         output_token_ids: list[int] = (),
         emitted_text_len: int = 0,
+        session_turn: bool = False,
     ) -> Sequence:
         """Queue a request. `hold_blocks`: when it finishes, keep its KV blocks until
         `release_held(request_id)` (a prefill replica sends them to a decode replica first).
+        `session_turn`: the request is a turn of a session (the caller sent a session key), so
+        its context is worth sharing through the KV store (tiered_cache.py).
 
         Resuming a request another engine started: `output_token_ids` are the tokens it already
         generated and `emitted_text_len` how many characters of their text were already
@@ -113,6 +126,7 @@ class LLMEngine:
         start of a stop string) comes next and a stop string spanning the seam is still found."""
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
+        seq.session_turn = session_turn
         if output_token_ids:
             self.output.replay(seq, emitted_text_len)
         self.requests[request_id] = seq
@@ -218,6 +232,8 @@ class LLMEngine:
         drafts = self._propose() if self._speculating() else {}
         batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
+            if self.tiers is not None:  # only loads from a tier are pending: wait for one
+                self.tiers.wait(timeout=0.05)
             return []
         starts = [item.seq.num_computed_tokens for item in batch.all] if self.feeds_drafter else None
         verify_started = time.perf_counter()
@@ -326,6 +342,8 @@ class LLMEngine:
         if delta.finished:
             if self.drafter is not None:
                 self.drafter.release(seq)
+            if self.tiers is not None:
+                self.tiers.on_finish(seq)
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             self.requests.pop(seq.request_id, None)
             if seq.hold_blocks:
@@ -354,6 +372,15 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             "generated_tokens": self.num_generated_tokens,
         }
+
+    def tier_stats(self) -> dict | None:
+        """The KV tiers' counters (tiered_cache.py), or None when there are none."""
+        return self.tiers.stats() if self.tiers is not None else None
+
+    def close(self) -> None:
+        """Let go of what outlives a step: the KV tiers' threads and store connection."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def spec_stats(self) -> dict | None:
         """Speculation's counters since start (spec/stats.py), or None when it is off."""

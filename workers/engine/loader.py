@@ -3,6 +3,7 @@ index, memory-mapped, copied once into the model's parameters), generation confi
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,24 @@ def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise
         except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
             raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
+
+
+def weights_identity(model_dir: str | Path, sample_bytes: int = 1 << 16) -> str:
+    """A short name for these exact weights, the same on every node: blake2b over config.json
+    and, per weight file, its size, its safetensors header and samples of its data at its
+    start, middle and end. Two fine-tunes of one architecture differ in it (their blocks must
+    never be shared through a KV tier), and computing it reads a few hundred KiB, not the model."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(model_file(model_dir, "config.json").read_bytes())
+    for path in weight_files(model_dir):
+        size = path.stat().st_size
+        h.update(f"{path.name}:{size}".encode())
+        with path.open("rb") as f:
+            header = int.from_bytes(f.read(8), "little") + 8
+            for offset in (0, header, header + (size - header) // 2, max(size - sample_bytes, 0)):
+                f.seek(offset)
+                h.update(f.read(sample_bytes if offset else min(header, 1 << 24)))
+    return h.hexdigest()
 
 
 def eos_token_ids(model_dir: str | Path, cfg: ModelConfig) -> tuple[int, ...]:

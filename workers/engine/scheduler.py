@@ -8,7 +8,9 @@ Policy, per step, under a token budget (`max_num_batched_tokens`):
    Speculative drafts then extend decoding sequences with the budget and blocks left (a draft
    never causes a preemption).
 2. Then waiting sequences join, oldest first, while the budget, the sequence limit and free
-   blocks allow; each reuses its cached prefix and prefills in chunks.
+   blocks allow; each reuses its cached prefix and prefills in chunks. With KV tiers, a
+   sequence whose prefix continues in a tier is admitted once that load is done (the ones
+   behind it go first meanwhile), with the loaded blocks as part of its prefix.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from workers.engine.tiered_cache import TieredCache
 
 
 @dataclass
@@ -51,8 +57,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        tiers: TieredCache | None = None,
+    ):
         self.block_manager = block_manager
+        self.tiers = tiers
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -75,6 +88,8 @@ class Scheduler:
         else:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
+            if self.tiers is not None:
+                self.tiers.admitted(seq)
         if free_blocks:
             self.block_manager.free(seq)
 
@@ -119,12 +134,20 @@ class Scheduler:
         if drafts:
             budget = self._add_drafts(scheduled, drafts, budget)
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
-            cached = bm.allocate(seq, budget)
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs or preempted:
+                break
+            if self.tiers is None:
+                cached = bm.allocate(seq, budget)
+            elif self.tiers.ready(seq, bm):
+                cached = bm.allocate(seq, budget, self.tiers.loaded_blocks(seq), self.tiers.write_block)
+            else:
+                continue  # its blocks are loading from a tier
             if cached is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
+            if self.tiers is not None:
+                self.tiers.admitted(seq)
             if seq.num_preemptions == 0:  # its first admission (a resumed one may have output)
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING

@@ -6,6 +6,7 @@ import enum
 import time
 
 from workers.engine.sampling_params import SamplingParams
+from workers.protocol.kv_blocks import chain_hash
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +35,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hash of each full, computed block
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.tier_cached_tokens: dict[str, int] = {}  # of those, the ones a KV tier served, by tier
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
@@ -44,6 +46,8 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
+        self.session_turn = False  # a turn of a session: its context starts the next turn's prompt
+        self._prefix_hashes: list[int] = []
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +60,16 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def prefix_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of every full block of `token_ids` (kv_blocks.chain_hash), extended
+        as tokens are added."""
+        hashes = self._prefix_hashes
+        prev = hashes[-1] if hashes else None
+        for i in range(len(hashes), self.num_tokens // block_size):
+            prev = chain_hash(prev, self.token_ids[i * block_size : (i + 1) * block_size])
+            hashes.append(prev)
+        return hashes
 
     @property
     def is_finished(self) -> bool:

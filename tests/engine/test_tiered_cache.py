@@ -1,0 +1,215 @@
+"""KV tiers behind the engine's device cache (workers/engine/tiered_cache.py): a prefix that
+comes back from host DRAM, the Mooncake Store or disk gives exactly the answer the device cache
+gives, and the same tokens as recomputing it; broken and unreachable tiers cost a recompute,
+never a wrong answer or a stall."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.engine import LLM, SamplingParams
+from workers.engine.errors import RequestError
+from workers.engine.tiered_cache import KVTierConfig
+
+BLOCK = 4
+PROMPT = [(7 * i + 3) % 300 + 1 for i in range(61)]  # 15 full blocks can be served from a cache
+FILLERS = [[(11 * i + k) % 300 + 1 for i in range(61)] for k in (1, 2)]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+
+
+def engine(model_dir, **kwargs) -> LLM:
+    # 24 blocks hold one request at a time: two fillers evict every block of PROMPT.
+    return LLM(str(model_dir), dtype="float32", block_size=BLOCK, num_kv_blocks=24, **kwargs)
+
+
+def answer(llm: LLM, prompt=PROMPT):
+    out = llm.generate({"prompt_token_ids": prompt}, PARAMS)[0]
+    comp = out.outputs[0]
+    return comp.token_ids, comp.logprobs, out.num_cached_tokens
+
+
+def evict_all(llm: LLM) -> None:
+    for filler in FILLERS:
+        answer(llm, filler)
+    assert not any(h in llm.engine.block_manager.hash_to_block for h in prefix_hashes())
+
+
+def prefix_hashes():
+    from workers.protocol.kv_blocks import prefix_hashes as hashes
+
+    return hashes(PROMPT, BLOCK)
+
+
+@pytest.fixture(scope="module")
+def recomputed(llama_dir):
+    llm = LLM(str(llama_dir), dtype="float32", block_size=BLOCK, enable_prefix_caching=False)
+    return answer(llm)
+
+
+def assert_same(got, recomputed, device_hit):
+    tokens, logprobs, _ = got
+    assert tokens == recomputed[0]
+    for mine, ref in zip(logprobs, recomputed[1], strict=True):
+        assert mine.keys() == ref.keys()
+        assert max(abs(mine[t] - ref[t]) for t in mine) < 1e-4
+    assert (tokens, logprobs) == device_hit[:2]  # the very bytes the device cache held
+
+
+def test_dram_tier_serves_an_evicted_prefix(llama_dir, recomputed):
+    llm = engine(llama_dir, kv_tiers={"dram_bytes": 4 << 20})
+    answer(llm)
+    device_hit = answer(llm)  # every full prompt block from the device cache
+    assert device_hit[2] == 60
+    evict_all(llm)
+    got = answer(llm)
+    assert got[2] == 60  # all 15 blocks came back from DRAM
+    stats = llm.engine.tier_stats()
+    assert stats["blocks_loaded"]["dram"] == 15
+    assert stats["tiers"]["dram"]["used_bytes"] <= 4 << 20
+    assert_same(got, recomputed, device_hit)
+
+
+def test_disk_tier_survives_an_engine_restart(llama_dir, recomputed, tmp_path):
+    tiers = {"disk_path": str(tmp_path / "kv"), "disk_bytes": 8 << 20}
+    llm = engine(llama_dir, kv_tiers=tiers)
+    answer(llm)
+    device_hit = answer(llm)
+    evict_all(llm)  # without DRAM, evicted blocks go straight to disk
+    assert llm.engine.tiers.flush()
+    got = answer(llm)
+    assert got[2] == 60 and llm.engine.tier_stats()["blocks_loaded"]["disk"] == 15
+    assert_same(got, recomputed, device_hit)
+    llm.engine.close()
+
+    restarted = engine(llama_dir, kv_tiers=tiers)  # a new process's engine finds them on disk
+    got = answer(restarted)
+    assert got[2] == 60 and restarted.engine.tier_stats()["blocks_loaded"]["disk"] == 15
+    assert_same(got, recomputed, device_hit)
+    restarted.engine.close()
+
+
+def test_dram_spills_to_disk_and_budgets_hold(llama_dir, recomputed, tmp_path):
+    block_payload = 2 * 2 * BLOCK * 2 * 16 * 4 + 200  # K/V bytes of one block, plus header
+    tiers = {"dram_bytes": 6 * block_payload, "disk_path": str(tmp_path / "kv"), "disk_bytes": 40 * block_payload}
+    llm = engine(llama_dir, kv_tiers=tiers)
+    answer(llm)
+    device_hit = answer(llm)
+    evict_all(llm)
+    assert llm.engine.tiers.flush()
+    got = answer(llm)
+    stats = llm.engine.tier_stats()
+    assert got[2] == 60
+    assert stats["blocks_loaded"]["dram"] + stats["blocks_loaded"]["disk"] == 15
+    assert stats["blocks_loaded"]["disk"] > 0  # DRAM could not hold them all
+    assert_same(got, recomputed, device_hit)
+    assert stats["tiers"]["dram"]["used_bytes"] <= tiers["dram_bytes"]
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "kv").rglob("*.kvb"))
+    assert on_disk <= tiers["disk_bytes"]
+    llm.engine.close()
+
+
+def test_a_corrupted_block_on_disk_is_detected_and_recomputed(llama_dir, recomputed, tmp_path):
+    tiers = {"disk_path": str(tmp_path / "kv"), "disk_bytes": 8 << 20}
+    llm = engine(llama_dir, kv_tiers=tiers)
+    answer(llm)
+    evict_all(llm)
+    assert llm.engine.tiers.flush()
+    files = sorted((tmp_path / "kv").rglob("*.kvb"))
+    assert files
+    for f in files:  # flip one byte of K/V data in every block
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    got = answer(llm)
+    stats = llm.engine.tier_stats()
+    assert stats["tiers"]["disk"]["checksum_failures"] >= 1
+    assert stats["blocks_loaded"]["disk"] == 0
+    assert got[2] == 0  # nothing reused: the whole prompt was computed again
+    assert got[0] == recomputed[0]
+    llm.engine.close()
+
+
+def test_tier_config_is_checked():
+    with pytest.raises(RequestError, match="unknown keys"):
+        KVTierConfig.from_dict({"dram": 5})
+    with pytest.raises(RequestError, match="disk_path and disk_bytes"):
+        KVTierConfig.from_dict({"disk_bytes": 100})
+    with pytest.raises(RequestError, match="non-negative"):
+        KVTierConfig.from_dict({"dram_bytes": -1})
+    assert KVTierConfig.from_dict({}) is None
+
+
+# -- the Mooncake Store, shared by engines in separate processes ---------------------------------
+WRITER = """
+import json, sys
+from workers.engine import LLM, SamplingParams
+model, tiers, prompt = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=24, kv_tiers=tiers)
+llm.engine.add_request("turn", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                       session_turn=True)
+while llm.engine.has_unfinished_requests():
+    llm.engine.step()
+assert llm.engine.tiers.flush(), "the store writes did not finish"
+print(json.dumps(llm.engine.tier_stats()["tiers"]["store"]))
+llm.engine.close()
+"""
+
+
+@pytest.fixture
+def master():
+    """A master and a segment server holding the pool, as `make run` starts them: engines
+    contribute no memory, so blocks outlive the engine that put them."""
+    from workers.kvtiers.master import free_port, start_master, start_segment_server, stop_master
+
+    port = free_port()
+    proc = start_master(port, free_port())
+    pool = start_segment_server(f"127.0.0.1:{port}", 64 << 20, free_port())
+    yield f"127.0.0.1:{port}", port
+    stop_master(pool)
+    stop_master(proc)
+
+
+def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, master):
+    address, _ = master
+    tiers = {"store_master": address, "store_segment_bytes": 0, "store_buffer_bytes": 16 << 20}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", WRITER, str(llama_dir), json.dumps(tiers), json.dumps(PROMPT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["bytes_written"] > 0
+
+    llm = engine(llama_dir, kv_tiers=tiers)
+    deadline = time.monotonic() + 30
+    while not llm.engine.tiers.store.stats.available:  # it connects in the background
+        assert time.monotonic() < deadline, "the store client never connected"
+        time.sleep(0.05)
+    got = answer(llm)
+    assert got[2] == 60  # the other process's turn, every full block
+    assert llm.engine.tier_stats()["blocks_loaded"]["store"] == 15
+    device_hit = answer(llm)
+    assert_same(got, recomputed, device_hit)
+    llm.engine.close()
+
+
+def test_an_unreachable_store_costs_nothing_but_the_hits(llama_dir, recomputed):
+    from workers.kvtiers.master import free_port
+
+    tiers = {"store_master": f"127.0.0.1:{free_port()}", "timeout_s": 0.5}  # nobody listens
+    llm = engine(llama_dir, kv_tiers=tiers)
+    started = time.monotonic()
+    got = answer(llm)
+    assert time.monotonic() - started < 10
+    assert got[0] == recomputed[0]
+    assert llm.engine.tier_stats()["tiers"]["store"]["available"] is False
+    llm.engine.close()
