@@ -1,7 +1,8 @@
 """Another replica's store client, in its own process: `python -m tests.kvtiers.store_peer
-<master> <key> <hash> <seed>` reads the block the parent put under `key`, prints the sha256 of
-what it got, puts block `seed` of its own and prints its key, then holds its segment (where the
-store may have placed that block) until a line arrives on stdin."""
+<master> <key> <hash> <seed> [<segment bytes>]` reads the block the parent put under `key`,
+prints the sha256 of what it got ("none" for a miss), puts block `seed` of its own and prints its
+key, then holds its segment (where the store may have placed that block) until a line arrives on
+stdin."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from workers.kvtiers import MooncakeStoreTier
 
 def main() -> None:
     master, key, block_hash, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    tier = MooncakeStoreTier(master, segment_bytes=32 << 20, buffer_bytes=16 << 20)
+    segment = int(sys.argv[5]) if len(sys.argv) > 5 else 32 << 20
+    tier = MooncakeStoreTier(master, segment_bytes=segment, buffer_bytes=16 << 20)
     deadline = time.monotonic() + 20
     while not tier.stats.available:
         assert time.monotonic() < deadline, "the store did not connect in 20 s"

@@ -7,9 +7,13 @@ replica's get then misses, which the checksum rules treat like any miss. Metadat
 "P2PHANDSHAKE" (no etcd or metadata server: peers exchange addresses directly).
 
 Mooncake's calls can block for seconds (a put with the master gone took about 4 s here, every
-call to a hung master 30 s, `setup` without a master about 4 s per retry, `close` 2–12 s). So
-the tier never makes its caller wait on one longer than `timeout_s`: every Mooncake call runs on
-one thread of the tier's own, and a caller waits for its result with that bound. A call that
+call to a hung master 30 s). So the tier never makes its caller wait on one longer than
+`timeout_s`: every Mooncake call runs on one thread of the tier's own, and a caller waits for its
+result with that bound. The data calls release the GIL while they wait; `setup` and `close` do
+not (0.3.13.post1): they stop every thread of the process for as long as they take (setup: 40 ms
+with a master, 4.4 s without, 30 s with a hung one; close: 2 s, 12 s with the master gone, and
+the client's destructor the same at exit). So setup is only tried once the master's port accepts
+a connection (and, with `metrics_address`, once its metrics answer, which a hung master's do not). A call that
 fails with an RPC error or outlasts the bound marks the tier unavailable: one warning is logged,
 gets miss and puts are dropped at once (counted as errors), and a background thread retries
 every `reconnect_s` until the master answers, then logs once that it is back. The client keeps
@@ -28,6 +32,7 @@ import concurrent.futures
 import logging
 import os
 import queue
+import socket
 import threading
 import urllib.request
 
@@ -107,6 +112,7 @@ class MooncakeStoreTier(KVTier):
         self._attempt: concurrent.futures.Future | None = None
         self._state_lock = threading.Lock()
         self._warned = False  # an outage was logged and its end is not yet
+        self._connected_once = False
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="kv-store-reconnect", daemon=True)
@@ -132,8 +138,9 @@ class MooncakeStoreTier(KVTier):
             if self._closed.is_set():
                 return
             self.stats.available = True
-            was_lost, self._warned = self._warned, False
-        log.info("Mooncake store at %s %s", self.master_address, "reconnected" if was_lost else "connected")
+            back, self._warned = self._warned and self._connected_once, False
+            self._connected_once = True
+        log.info("Mooncake store at %s %s", self.master_address, "reconnected" if back else "connected")
 
     def _supervise(self) -> None:
         while not self._closed.is_set():
@@ -154,6 +161,10 @@ class MooncakeStoreTier(KVTier):
         """None once the master answers, else why not. At most one attempt is in flight: one
         stuck behind a hung call is waited for again, not queued again."""
         if self._attempt is None:
+            if not self._set_up:
+                unreachable = self._master_unreachable()
+                if unreachable:
+                    return unreachable
             self._attempt = self._calls.submit(self._connect)
         try:
             self._attempt.result(timeout=self.timeout_s)
@@ -163,6 +174,21 @@ class MooncakeStoreTier(KVTier):
             self._attempt = None
             return str(exc)
         self._attempt = None
+        return None
+
+    def _master_unreachable(self) -> str | None:
+        """Why setup would block now, or None. Checked on the supervisor thread, which these
+        waits do not stop, because setup itself holds the GIL while it retries."""
+        host, _, port = self.master_address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=self.timeout_s).close()
+        except (OSError, ValueError) as exc:
+            return f"master not reachable: {exc}"
+        if self.metrics_address:
+            try:
+                urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=self.timeout_s).close()
+            except OSError as exc:
+                return f"master not answering: {exc}"
         return None
 
     def _connect(self) -> None:
@@ -270,8 +296,8 @@ class MooncakeStoreTier(KVTier):
         self._call(self._remove, keys)
 
     def close(self, timeout_s: float = 15.0) -> None:
-        """Unmount this client's segment (Mooncake takes 2 s for it, up to 12 s with the master
-        gone); waits at most `timeout_s`, then leaves it to the call thread."""
+        """Unmount this client's segment (see the module docstring for how long that stops the
+        process); waits at most `timeout_s`, then leaves it to the call thread."""
         with self._state_lock:
             self._closed.set()
             self.stats.available = False
