@@ -76,7 +76,7 @@ class KVTier(ABC):
         """Release what the tier holds open; the tier is not used afterwards."""
 
     # -- the public interface -------------------------------------------------------------------
-    def count(self, **deltas) -> None:
+    def _count(self, **deltas) -> None:
         """Add to counters, atomically with respect to other threads."""
         with self._stats_lock:
             for name, delta in deltas.items():
@@ -93,7 +93,7 @@ class KVTier(ABC):
             self._failed("put", exc)
             return
         self._succeeded()
-        self.count(bytes_written=written, write_seconds=time.perf_counter() - started)
+        self._count(bytes_written=written, write_seconds=time.perf_counter() - started)
 
     def get_many(self, keys: list[str], hashes: list[int]) -> list[bytes | None]:
         """Verified payloads in the order of `keys`, None for a miss; a backend failure is a
@@ -107,7 +107,7 @@ class KVTier(ABC):
             raw = self._get_many(keys)
         except Exception as exc:
             self._failed("get", exc)
-            self.count(misses=len(keys), read_seconds=time.perf_counter() - started)
+            self._count(misses=len(keys), read_seconds=time.perf_counter() - started)
             return [None] * len(keys)
         self._succeeded()
         out: list[bytes | None] = []
@@ -127,7 +127,7 @@ class KVTier(ABC):
                 continue
             out.append(payload if isinstance(payload, bytes) else bytes(payload))
         hits = sum(p is not None for p in out)
-        self.count(
+        self._count(
             hits=hits,
             misses=len(keys) - hits,
             bytes_read=nbytes,
@@ -161,7 +161,7 @@ class KVTier(ABC):
 
     # -- failures: counted each time, logged once per run of them -------------------------------
     def _failed(self, op: str, exc: Exception) -> None:
-        self.count(errors=1)
+        self._count(errors=1)
         if isinstance(exc, TierUnavailable):
             return  # the tier logs its own outages
         if not self._failing:

@@ -120,7 +120,7 @@ class DiskTier(KVTier):
             used -= st.st_size
             evicted += 1
         if evicted:
-            self.count(evictions=evicted)
+            self._count(evictions=evicted)
         return used
 
     def _file(self, key: str) -> Path:

@@ -51,7 +51,7 @@ class HostTier(KVTier):
                     evicted.append((old_key, old_hash, old_payload))
             self.stats.used_bytes = self._used
         if evicted:
-            self.count(evictions=len(evicted))
+            self._count(evictions=len(evicted))
             if self.on_evict is not None:
                 try:
                     self.on_evict(evicted)
