@@ -21,6 +21,7 @@ from workers.bench.processes import free_port
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts" / "console"
+TIER_BYTES = 64 << 20
 PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "API keys", "Events", "Playground"]
 
 
@@ -28,6 +29,7 @@ PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "AP
 def site(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.contrib.auth import get_user_model
 
+    from controlplane.deployments.models import CachePolicy
     from controlplane.deployments.services import create_deployment
 
     assert (ROOT / "frontend" / "dist" / "index.html").is_file(), "build the console first: make setup"
@@ -43,7 +45,11 @@ def site(django_db_setup, django_db_blocker, tmp_path_factory):
             # Speculating as make run's demo does without a draft head.
             create_deployment({"slug": "demo", "model": model, "replicas": 1, "speculative_method": "ngram",
                                "speculative_k": 3})  # fmt: skip
+            # A deployment whose cache policy keeps evicted KV blocks in host memory.
+            tiered = CachePolicy.objects.create(name="tiered", dram_tier_bytes=TIER_BYTES)
+            create_deployment({"slug": "tiered", "model": model, "replicas": 1, "cache_policy": tiered})
             wait_ready("demo", 1, 90)
+            wait_ready("tiered", 1, 90)
             yield f"http://127.0.0.1:{port}"
 
 
@@ -193,3 +199,22 @@ def test_overview_shows_the_speculation_of_the_demo(page):
     expect(rows).to_have_count(3)
     expect(rows.first.locator(".rate")).to_have_text(re.compile(r"^\d+%$"))
     shot(page, "overview-speculation")
+
+
+def test_the_console_shows_a_deployments_kv_tiers_and_their_use(page):
+    page.get_by_role("link", name="Deployments", exact=True).click()
+    page.locator('tr[data-deployment="tiered"]').get_by_role("link", name="tiered").click()
+    expect(page.get_by_test_id("policy-tiers")).to_have_text("DRAM 64 MiB per replica")
+    # What the replica reports of its tier, through its agent into the replica's row.
+    row = page.get_by_role("table", name="KV tier use").locator('tr[data-tier="dram"]')
+    expect(row.locator(".used")).to_have_text(re.compile(r"\d+(\.\d)? [KMG]?i?B / 64 MiB$"), timeout=15_000)
+    expect(row.locator("td").last).to_have_text("available")
+    shot(page, "deployment-tiers")
+    page.get_by_role("link", name="Cache policies", exact=True).click()
+    expect(page.locator('tr[data-policy="tiered"] .tiers')).to_have_text("DRAM 64 MiB per replica")
+    page.get_by_role("link", name="Overview", exact=True).click()
+    rates = page.locator('[data-deployment="tiered"] [data-testid="tier-hit-rates"]')
+    expect(rates).to_have_text(re.compile(r"^Hit rate by cache: device (\d+%|–) · DRAM (\d+%|–)$"), timeout=15_000)
+    demo = page.locator('[data-deployment="demo"] [data-testid="tier-hit-rates"]')  # no tiers: the device cache alone
+    expect(demo).to_have_text(re.compile(r"^Hit rate by cache: device (\d+%|–)$"))
+    shot(page, "overview-tiers")

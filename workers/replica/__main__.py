@@ -11,6 +11,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.protocol.replica import ReplicaSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.engine.config import EngineConfig
     from workers.engine.errors import ModelLoadError, RequestError
     from workers.engine.llm_engine import LLMEngine
-    from workers.replica.server import ReplicaServer, report_progress
+    from workers.replica.server import report_progress
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -56,12 +60,23 @@ def main(argv: list[str] | None = None) -> int:
         enable_prefix_caching=spec.enable_prefix_caching,
         kv_cache_bytes=spec.kv_cache_bytes,
         speculative_config=spec.speculative.engine_config() if spec.speculative else None,
+        kv_tiers=spec.kv_tiers.engine_config() if spec.kv_tiers else None,
     )
     try:
         engine = LLMEngine(config, progress=progress)
     except (ModelLoadError, RequestError, OSError, ValueError) as exc:
         log.error("cannot load %s: %s", spec.model, exc)
         return 2
+    try:  # and then let go of the KV tiers' threads and store connection, however it ends
+        return serve(spec, engine, client, log)
+    finally:
+        engine.close()
+
+
+def serve(spec: ReplicaSpec, engine, client, log: logging.Logger) -> int:
+    """Serve until drained (0), or 2 when the replica cannot take its role."""
+    from workers.replica.server import ReplicaServer
+
     server = ReplicaServer(spec, engine, client)
     if spec.role in ("prefill", "decode"):
         from workers.kvtransfer import KVTransferError

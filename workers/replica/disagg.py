@@ -53,6 +53,7 @@ class Handoff:
     blocks: list[int]
     deadline: float
     prefill_replica: int
+    session_turn: bool = False
     aborted: bool = False
 
 
@@ -133,17 +134,20 @@ class Disaggregation:
             self.on_prefill_failed(message)
 
     # -- decode side --------------------------------------------------------------------------
-    def start_handoff(self, rid: str, prompt_ids: list[int], params: WireSamplingParams, prefill_replica: int) -> bool:
+    def start_handoff(self, rid: str, prompt_ids: list[int], params: WireSamplingParams, prefill_replica: int,
+                      session_turn: bool = False) -> bool:  # fmt: skip
         """Reserve blocks and ask the prefill replica; False if this replica must prefill itself.
-        `params` were checked by the caller (ReplicaServer._admit builds SamplingParams first)."""
+        `params` were checked by the caller (ReplicaServer._admit builds SamplingParams first);
+        `session_turn` goes with the prompt to whichever replica computes it (its KV tiers share it)."""
         self.engine.check_prompt(prompt_ids)  # a bad prompt fails here, before anything is reserved
         blocks = self.engine.reserve_blocks(len(prompt_ids))
         if blocks is None:
             self._count_fallback("no free KV blocks to reserve")
             return False
         deadline = time.time() + self.timeout
-        self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica)
-        message = PrefillMessage(rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline)
+        self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica, session_turn)
+        message = PrefillMessage(rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline,
+                                 session_turn)  # fmt: skip
         self._send(protocol.requests_key(prefill_replica), message)
         return True
 
@@ -227,7 +231,8 @@ class Disaggregation:
         if req is not None:
             req.meta["fallback"] = reason
         try:
-            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params))
+            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params),
+                                    session_turn=handoff.session_turn)  # fmt: skip
         except RequestError as exc:  # cannot happen for a request that was accepted; be safe
             self.server.fail(rid, str(exc))
 
@@ -247,7 +252,9 @@ class Disaggregation:
             try:
                 params = SamplingParams.from_wire(replace(message.params, max_tokens=1))
                 prompt = [int(t) for t in message.prompt_token_ids]
-                self.engine.add_request(rid, prompt, params, hold_blocks=True)
+                self.engine.add_request(
+                    rid, prompt, params, hold_blocks=True, session_turn=message.session_turn is True
+                )
             except (RequestError, KeyError, TypeError, ValueError) as exc:
                 problem = f"cannot prefill: {exc}"
         if problem is not None:

@@ -43,7 +43,7 @@ from workers.protocol.replica import (
     Resume,
 )
 from workers.protocol.wire import ProtocolError
-from workers.replica.metrics import ReplicaMetrics, speculative_metrics
+from workers.replica.metrics import ReplicaMetrics, speculative_metrics, tier_metrics
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.1
@@ -224,10 +224,11 @@ class ReplicaServer:
             prefill = message.prefill_replica
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
+            turn = message.session_turn
             if not (self.disagg and prefill is not None
-                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill)):  # fmt: skip
+                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn)):  # fmt: skip
                 self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
-                                        emitted_text_len=text_sent)  # fmt: skip
+                                        emitted_text_len=text_sent, session_turn=turn)  # fmt: skip
         except (RequestError, MessageError) as exc:
             # The engine names prompt problems `prompt`; a chat request sent `messages`.
             param = "messages" if exc.param == "prompt" and chat else exc.param
@@ -432,6 +433,9 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
+        tiers = tier_metrics(self.engine.tier_stats())
+        if tiers is not None:
+            load["kv_tiers"] = tiers
         endpoint: protocol.Endpoint = {
             "stream": self.stream,
             "pid": os.getpid(),
