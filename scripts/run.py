@@ -242,6 +242,17 @@ def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
             "(it is restarted like the other processes)")  # fmt: skip
     else:
         log(f"started kvstore: mooncake_master on {address} (log: {logs_dir / 'kvstore.log'})")
+    # The pool's memory: replicas lend none by default (KV_STORE_SEGMENT_BYTES=0), so that a
+    # block outlives the replica that put it; this segment server holds it instead.
+    pool_bytes = int(os.environ.get("KV_STORE_POOL_BYTES", str(512 << 20)))
+    pool_port = free_port()
+    pool = [PY, "-m", "workers.kvtiers.master", "pool", "--master", address, "--bytes", str(pool_bytes),
+            "--port", str(pool_port)]  # fmt: skip
+    sup.start("kvpool", pool, logs_dir / "kvpool.log")
+    if wait(lambda: _listening(pool_port), 15, sup, interval=0.1):
+        log(f"started kvpool: {pool_bytes >> 20} MiB of KV store memory (log: {logs_dir / 'kvpool.log'})")
+    else:
+        log(f"KV store: the pool's segment server did not start within 15 s; see {logs_dir / 'kvpool.log'}")
     os.environ["SWITCHYARD_KV_STORE_MASTER"] = address
     return address
 

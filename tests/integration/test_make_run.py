@@ -193,6 +193,7 @@ def test_a_second_run_serves_with_the_same_admin_password_and_api_key(state):
         assert_serves(info["url"], first["api_key"])
         # Its own mooncake_master, which the control plane knows: a cache policy may use the store.
         assert f"started kvstore: mooncake_master on 127.0.0.1:{env['KV_STORE_PORT']}" in run.output
+        assert "started kvpool: 512 MiB of KV store memory" in run.output  # the store's memory
         policy = httpx.post(f"{info['url']}api/v1/cache-policies/", json={"name": "shared", "store_tier": True},
                             headers={"Authorization": f"Bearer {management_token(env)}"}, timeout=30)  # fmt: skip
         assert policy.status_code == 201, policy.text

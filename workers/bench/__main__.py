@@ -70,7 +70,11 @@ def main(argv=None) -> int:
     sp.add_argument("--quick", action="store_true", help="few prompts, two rounds (for smoke runs)")
     sp.add_argument("--json", action="store_true", help="print only the JSON line")
     ti = sub.add_parser("tiers", help="KV tiers (DRAM, Mooncake Store, disk) on an agent trace; scale-out and restart")
-    ti.add_argument("--runs", default="device,dram,store,disk,scale_out,restart", help="which runs, comma-separated")
+    ti.add_argument(
+        "--runs",
+        default="device,dram,store,disk,scale_out,restart,scale_out_device,restart_device",
+        help="which runs, comma-separated",
+    )
     ti.add_argument("--sessions", type=int, help="root sessions of the trace (default: the benchmark's own)")
     ti.add_argument("--seed", type=int, default=13, help="the trace's seed")
     ti.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -181,11 +181,13 @@ class LLMEngine:
         first_token: int,
         first_logprobs: dict[int, float] | None = None,
         num_cached_tokens: int = 0,
+        session_turn: bool = False,
     ) -> RequestDelta:
         """Admit a request whose prompt K/V another replica wrote into `block_ids` (from
         `reserve_blocks`) and which sampled `first_token`; returns that token's delta. The
         sequence then decodes here like any other."""
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
+        seq.session_turn = session_turn  # the whole turn, output included, goes to the KV store
         if len(block_ids) != self.block_manager.blocks_needed(len(prompt_token_ids)):
             raise RequestError(f"{len(block_ids)} blocks do not hold a prompt of {len(prompt_token_ids)} tokens")
         seq.block_table = list(block_ids)

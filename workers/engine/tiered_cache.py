@@ -59,7 +59,10 @@ class KVTierConfig:
     disk_path: str = ""
     disk_bytes: int = 0
     store_master: str = ""  # "host:port" of mooncake_master
-    store_segment_bytes: int = 256 << 20  # memory this replica contributes to the store
+    # Memory this replica lends the store. None by default: a block lives in the memory of the
+    # client that holds it and goes when that process goes, so the pool belongs to segment
+    # servers that outlive replicas (workers/kvtiers/master.py, docs/operations.md).
+    store_segment_bytes: int = 0
     store_buffer_bytes: int = 64 << 20
     store_protocol: str = "tcp"  # "rdma" where the NICs exist
     store_device: str = ""  # RDMA device names

@@ -95,8 +95,20 @@ def start_segment_server(
     """Start `mooncake_client` holding `segment_bytes` of the pool for the master at
     `master_address`; returns once it serves on `port`, which it opens after mounting its
     segment. Stop it with `stop_master`."""
+    cmd = segment_server_command(master_address, segment_bytes, port, host, buffer_bytes, protocol)
+    return _start(cmd, host, port, log_path, timeout_s)
+
+
+def segment_server_command(
+    master_address: str,
+    segment_bytes: int,
+    port: int,
+    host: str = "127.0.0.1",
+    buffer_bytes: int = 16 << 20,
+    protocol: str = "tcp",
+) -> list[str]:
     binary = Path(master_binary()).with_name("mooncake_client")
-    cmd = [
+    return [
         str(binary if binary.exists() else shutil.which("mooncake_client") or binary),
         f"--master_server_address={master_address}",
         "--metadata_server=P2PHANDSHAKE",
@@ -106,7 +118,6 @@ def start_segment_server(
         f"--port={port}",
         f"--protocol={protocol}",
     ]
-    return _start(cmd, host, port, log_path, timeout_s)
 
 
 def _start(cmd: list[str], host: str, port: int, log_path: str | Path | None, timeout_s: float) -> subprocess.Popen:
@@ -144,13 +155,27 @@ def stop_master(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workers.kvtiers.master", description=__doc__)
-    parser.add_argument("--port", type=int, default=50051, help="RPC port (default 50051)")
-    parser.add_argument("--metrics-port", type=int, default=9003, help="HTTP metrics port (default 9003)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a container)")
-    args, extra = parser.parse_known_args(argv)
-    cmd = master_command(args.port, args.metrics_port, args.host, tuple(extra))
-    os.execv(cmd[0], cmd)  # the master itself in the foreground: signals and exit code are its own
+    """`python -m workers.kvtiers.master [--port P]`: the master in the foreground.
+    `python -m workers.kvtiers.master pool --master HOST:PORT --bytes N [--port P]`: a segment
+    server holding N bytes of the pool (one per node with spare memory)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pool"]:
+        parser = argparse.ArgumentParser(prog="python -m workers.kvtiers.master pool", description=main.__doc__)
+        parser.add_argument("--master", required=True, help="the master's host:port")
+        parser.add_argument("--bytes", type=int, required=True, help="memory this server lends the pool")
+        parser.add_argument("--port", type=int, default=50052, help="its service port (default 50052)")
+        parser.add_argument("--host", default="127.0.0.1", help="how the store's clients reach it")
+        parser.add_argument("--protocol", default="tcp", help="tcp, or rdma where the NICs exist")
+        args = parser.parse_args(argv[1:])
+        cmd = segment_server_command(args.master, args.bytes, args.port, args.host, protocol=args.protocol)
+    else:
+        parser = argparse.ArgumentParser(prog="python -m workers.kvtiers.master", description=__doc__)
+        parser.add_argument("--port", type=int, default=50051, help="RPC port (default 50051)")
+        parser.add_argument("--metrics-port", type=int, default=9003, help="HTTP metrics port (default 9003)")
+        parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a container)")
+        args, extra = parser.parse_known_args(argv)
+        cmd = master_command(args.port, args.metrics_port, args.host, tuple(extra))
+    os.execv(cmd[0], cmd)  # the program itself in the foreground: signals and exit code are its own
 
 
 if __name__ == "__main__":

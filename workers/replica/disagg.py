@@ -172,6 +172,7 @@ class Disaggregation:
             int(message.first_token),
             logprobs,
             int(message.cached_tokens),
+            session_turn=handoff.session_turn,
         )
         req = self.server.inflight.get(rid)
         if req is not None:
