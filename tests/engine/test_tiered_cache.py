@@ -6,6 +6,8 @@ never a wrong answer or a stall."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -170,9 +172,17 @@ def master():
     port = free_port()
     proc = start_master(port, free_port())
     pool = start_segment_server(f"127.0.0.1:{port}", 64 << 20, free_port())
-    yield f"127.0.0.1:{port}", port
+    yield f"127.0.0.1:{port}", proc
+    os.kill(proc.pid, signal.SIGCONT)  # in case a test left it stopped
     stop_master(pool)
     stop_master(proc)
+
+
+def connected(llm: LLM) -> None:
+    deadline = time.monotonic() + 30
+    while not llm.engine.tiers.store.stats.available:  # it connects in the background
+        assert time.monotonic() < deadline, "the store client never connected"
+        time.sleep(0.05)
 
 
 def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, master):
@@ -190,10 +200,7 @@ def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, ma
     assert json.loads(out.stdout.strip().splitlines()[-1])["bytes_written"] > 0
 
     llm = engine(llama_dir, kv_tiers=tiers)
-    deadline = time.monotonic() + 30
-    while not llm.engine.tiers.store.stats.available:  # it connects in the background
-        assert time.monotonic() < deadline, "the store client never connected"
-        time.sleep(0.05)
+    connected(llm)
     got = answer(llm)
     assert got[2] == 60  # the other process's turn, every full block
     assert llm.engine.tier_stats()["blocks_loaded"]["store"] == 15
@@ -212,4 +219,36 @@ def test_an_unreachable_store_costs_nothing_but_the_hits(llama_dir, recomputed):
     assert time.monotonic() - started < 10
     assert got[0] == recomputed[0]
     assert llm.engine.tier_stats()["tiers"]["store"]["available"] is False
+    llm.engine.close()
+
+
+def test_a_hung_store_never_stalls_the_running_batch(llama_dir, recomputed, master):
+    """The master frozen (SIGSTOP, as a hung host would be): a new request's lookup waits on a
+    loader thread, up to the tier timeout, while the running request keeps decoding."""
+    address, proc = master
+    llm = engine(llama_dir, kv_tiers={"store_master": address, "store_segment_bytes": 0, "timeout_s": 1.0})
+    connected(llm)
+    eng = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    running = eng.add_request("running", [5, 6, 7], params)
+    while running.num_output_tokens == 0:
+        eng.step()
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        waiting = eng.add_request("waiting", PROMPT, PARAMS)
+        tokens_while_loading = 0
+        started = time.monotonic()
+        while waiting.status.value == "waiting":
+            before = running.num_output_tokens
+            eng.step()
+            if waiting.status.value == "waiting":
+                tokens_while_loading += running.num_output_tokens - before
+            assert time.monotonic() - started < 10, "the lookup outlived the tier timeout"
+        assert tokens_while_loading >= 5  # the batch stepped while the store did not answer
+        assert eng.tier_stats()["tiers"]["store"]["available"] is False
+        while eng.has_unfinished_requests():
+            eng.step()
+        assert waiting.output_token_ids == recomputed[0]
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
     llm.engine.close()
