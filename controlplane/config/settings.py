@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "controlplane.deployments",
     "controlplane.gateway",
     "controlplane.telemetry",
+    "controlplane.planner",
     "controlplane.console",
 ]
 

@@ -13,6 +13,7 @@ api_v1 = [
     path("", include("controlplane.gateway.api.urls")),
     path("", include("controlplane.events.api.urls")),
     path("", include("controlplane.telemetry.api.urls")),
+    path("", include("controlplane.planner.api.urls")),
     path("auth/login/", console.LoginView.as_view(), name="auth-login"),
     path("auth/logout/", console.LogoutView.as_view(), name="auth-logout"),
     path("auth/me/", console.MeView.as_view(), name="auth-me"),

@@ -26,6 +26,7 @@ from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import placeable_nodes
+from controlplane.planner.services import check_deployment_fits
 from workers.protocol import control
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
             "model",
         )
     validate_speculation(data, check_files=changed is None or bool(changed & set(SPECULATION_FIELDS)))
+    check_deployment_fits(data, changed)  # its weights fit the CUDA devices it would be placed on
 
 
 @transaction.atomic

@@ -106,6 +106,10 @@ ROWS = [
     Row("GET",    "/api/v1/events/{id}/",               (401, 200, 200, 401, 401, 401, 200, 200, 401)),
     Row("GET",    "/api/v1/telemetry/history/?deployment=demo",
                                                         (401, 200, 200, 401, 401, 401, 200, 200, 401)),
+    # The capacity planner computes and changes nothing: any signed-in caller (a session with CSRF).
+    Row("POST",   "/api/v1/plan/",                      (401, 200, 200, 401, 401, 401, 200, 403, 401),
+        {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}}),
     # API keys: a user sees only their own (the seeded one is staff's: 404), writes are staff's.
     Row("GET",    "/api/v1/api-keys/",                  (401, 200, 200, 401, 401, 401, 200, 200, 401)),
     Row("POST",   "/api/v1/api-keys/",                  (401, 403, 201, 401, 401, 401, 201, 403, 401),
