@@ -11,9 +11,9 @@ Runs, each on fresh processes, a fresh `mooncake_master` and a fresh disk direct
 - `dram`: + a host-DRAM tier per replica (`DRAM_BYTES`, smaller than the trace's working set);
 - `store`: + the Mooncake Store shared by the replicas;
 - `disk`: + a disk tier (the node's directory, shared by both replicas);
-- `scale_out`: as `store`, and a third replica joins once a quarter of the requests are answered
+- `scale_out`: as `store`, and a third replica joins once a sixth of the requests are answered
   (the sessions rendezvous hashing gives it move there);
-- `restart`: as `store`, and replica 1 restarts once a quarter of the requests are answered (its
+- `restart`: as `store`, and replica 1 restarts once a sixth of the requests are answered (its
   sessions go to replica 0 while it is down, and come back);
 - `scale_out_device`, `restart_device`: the same two events without tiers (the baseline).
 
@@ -277,7 +277,7 @@ class Replay:
             self._spawn(req.session, req.turn, at)
 
     def _event(self) -> None:
-        """Once a quarter of the requests are answered: a third replica joins, or replica 1 stops
+        """Once a sixth of the requests are answered: a third replica joins, or replica 1 stops
         taking turns, drains and restarts. Neither blocks the replay: a new process becomes
         routable when it reports ready (`_receive`)."""
         if self.event == "join":
@@ -332,7 +332,7 @@ class Replay:
                 self._send(si, turn, now)
             timeout = max(self.due[0][0] - now, 0.0) if self.due else 0.5
             self._receive(min(timeout, 0.5))
-            if self.event and self.answered >= trace.requests // 4:
+            if self.event and self.answered >= trace.requests // 6:
                 self._event()
         wall = time.monotonic() - started
         for r in self.replicas.values():
