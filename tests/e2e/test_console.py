@@ -115,6 +115,14 @@ def test_deployments_create_validate_and_stop(page):
     form = page.get_by_role("form", name="Create a deployment")
     form.get_by_label("Name").fill("demo")  # taken: the API's message shows under the field
     form.get_by_label("Model").select_option("demo-model")
+    # The capacity plan of the chosen model, live: 4 layers x 2 KV heads of 32, float32 (a CPU node:
+    # no device memory in the inventory, so no fit verdict).
+    plan = page.get_by_role("region", name="Capacity plan")
+    expect(plan.locator('tr[data-plan="KV cache per token"] td')).to_have_text(
+        "2,048 B (2.0 KiB) whole model, 2,048 B (2.0 KiB) per device"
+    )
+    expect(plan.get_by_test_id("plan-fits")).to_have_text("fit unknown")
+    shot(page, "deployment-plan")
     form.get_by_role("button", name="Create").click()
     expect(form.get_by_text("already exists")).to_be_visible()
     form.get_by_label("Name").fill("second")

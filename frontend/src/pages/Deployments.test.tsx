@@ -1,6 +1,8 @@
-import { cleanup, render, screen } from "@testing-library/react";
+import { cleanup, fireEvent, render, screen, within } from "@testing-library/react";
 import { MemoryRouter, Route, Routes } from "react-router-dom";
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { api } from "../lib/api";
+import { KIMI } from "../lib/plan.sample";
 import { DeploymentDetail, Deployments } from "./Deployments";
 
 const deployment = vi.hoisted(() => ({
@@ -8,12 +10,15 @@ const deployment = vi.hoisted(() => ({
   rows: [] as Record<string, unknown>[],
   replicas: [] as Record<string, unknown>[],
   policies: [] as Record<string, unknown>[],
+  models: [] as Record<string, unknown>[],
+  plan: {} as Record<string, unknown>,
 }));
 vi.mock("../lib/api", async (original) => ({
   ...(await original<typeof import("../lib/api")>()),
-  api: vi.fn(async () => deployment.current),
+  api: vi.fn(async (path: string) => (path === "plan/" ? deployment.plan : deployment.current)),
   list: vi.fn(async (path: string) => {
     if (path === "deployments/") return deployment.rows;
+    if (path === "models/") return deployment.models;
     if (path.startsWith("replicas/")) return deployment.replicas;
     if (path.startsWith("cache-policies/?name=")) {
       const name = decodeURIComponent(path.split("=")[1]);
@@ -95,5 +100,23 @@ describe("deployment page", () => {
     expect([row?.querySelector(".hits")?.textContent, row?.querySelector(".loaded")?.textContent]).toEqual(["12", "9"]);
     deployment.policies = [];
     deployment.replicas = [];
+  });
+
+  it("plans the chosen model live, and again as the layout changes", async () => {
+    deployment.models = [{ name: "kimi", is_draft: false }];
+    deployment.plan = { ...KIMI, fits: false, usable_bytes_per_device: 68e9 };
+    render(<MemoryRouter><Deployments /></MemoryRouter>);
+    const form = screen.getByRole("form", { name: "Create a deployment" });
+    await within(form).findByRole("option", { name: "kimi" });
+    fireEvent.change(within(form).getByLabelText("Model"), { target: { value: "kimi" } });
+    fireEvent.change(within(form).getByLabelText("Tensor parallel"), { target: { value: "8" } });
+    const fits = await screen.findByTestId("plan-fits");
+    expect(fits.textContent).toBe("does not fit: 77.12 GB of weights per device, 68.00 GB usable");
+    expect(screen.getByTestId("plan").querySelector('tr[data-plan="KV room"] td')?.textContent).toBe(
+      "40,914 tokens, 0 sequences of 262,144");
+    const asked = vi.mocked(api).mock.calls.filter(([path]) => path === "plan/");
+    expect(asked[asked.length - 1][1]).toEqual({ method: "POST", body: { model: "kimi", tensor_parallel: 8,
+      pipeline_parallel: 1, memory_fraction: 0.85 } });
+    deployment.models = [];
   });
 });

@@ -1,18 +1,53 @@
 import { FormEvent, useCallback, useEffect, useState } from "react";
 import { Link, useParams } from "react-router-dom";
 import { TierPolicy, TierUse } from "../components/CacheTiers";
+import { CapacityPlan } from "../components/CapacityPlan";
 import { ErrorText, Field } from "../components/Form";
 import { speculationLabel } from "../components/Speculation";
-import { api, fieldErrors, list } from "../lib/api";
+import { api, formatError, fieldErrors, list } from "../lib/api";
+import { Plan, planBody } from "../lib/plan";
+
+const PLAN_DELAY_MS = 250; // typing in a number field plans once it pauses
+
+/** The capacity plan of the form's model and layout, asked again as the fields change. */
+function useLivePlan(body: Record<string, unknown> | null) {
+  const [plan, setPlan] = useState<Plan | null>(null);
+  const [error, setError] = useState("");
+  const [pending, setPending] = useState(false);
+  const key = body ? JSON.stringify(body) : "";
+  useEffect(() => {
+    setError("");
+    if (!key) {
+      setPlan(null);
+      return;
+    }
+    let current = true; // a slower, older answer must not replace a newer one
+    setPending(true);
+    const timer = setTimeout(() => {
+      api<Plan>("plan/", { method: "POST", body: JSON.parse(key) }).then(
+        (answer) => current && (setPlan(answer), setPending(false)),
+        (err) => current && (setPlan(null), setError(formatError(err?.body) || String(err?.message ?? err)), setPending(false)),
+      );
+    }, PLAN_DELAY_MS);
+    return () => {
+      current = false;
+      clearTimeout(timer);
+    };
+  }, [key]);
+  return { plan, error, pending };
+}
 
 export function Deployments() {
   const [rows, setRows] = useState<any[]>([]);
   const [models, setModels] = useState<any[]>([]);
   const [form, setForm] = useState({
     slug: "", model: "", mode: "colocated", replicas: 1, prefill_replicas: 1, decode_replicas: 1,
-    speculative_method: "none", speculative_k: 3, draft_model: "",
+    speculative_method: "none", speculative_k: 3, draft_model: "", tensor_parallel: 1, pipeline_parallel: 1,
+    // Planning only (not stored on the deployment): empty means the config's or the inventory's.
+    quantization: "", device_memory_gb: "", memory_fraction: "0.85", context_tokens: "",
   });
   const [errors, setErrors] = useState<Record<string, string>>({});
+  const live = useLivePlan(planBody(form));
   const load = useCallback(() => list("deployments/").then(setRows), []);
   useEffect(() => {
     load();
@@ -23,7 +58,8 @@ export function Deployments() {
   const create = async (e: FormEvent) => {
     e.preventDefault();
     setErrors({});
-    const body: any = { slug: form.slug, model: form.model, mode: form.mode };
+    const body: any = { slug: form.slug, model: form.model, mode: form.mode,
+      tensor_parallel: Number(form.tensor_parallel), pipeline_parallel: Number(form.pipeline_parallel) };
     if (form.mode === "colocated") body.replicas = Number(form.replicas);
     else Object.assign(body, { replicas: 0, prefill_replicas: Number(form.prefill_replicas), decode_replicas: Number(form.decode_replicas) });
     if (form.speculative_method !== "none") {
@@ -101,9 +137,33 @@ export function Deployments() {
             </select>
           </Field>
         )}
+        <Field label="Tensor parallel" error={errors.tensor_parallel}>
+          <input type="number" min={1} value={form.tensor_parallel} onChange={set("tensor_parallel")} />
+        </Field>
+        <Field label="Pipeline parallel" error={errors.pipeline_parallel}>
+          <input type="number" min={1} value={form.pipeline_parallel} onChange={set("pipeline_parallel")} />
+        </Field>
+        <Field label="Quantization (plan)">
+          <select value={form.quantization} onChange={set("quantization")}>
+            <option value="">from the config</option>
+            <option value="none">none</option>
+            <option value="fp8">fp8</option>
+            <option value="int4-experts">int4-experts</option>
+          </select>
+        </Field>
+        <Field label="Device memory, GB (plan)">
+          <input type="number" min={1} placeholder="the inventory's" value={form.device_memory_gb} onChange={set("device_memory_gb")} />
+        </Field>
+        <Field label="Memory fraction (plan)">
+          <input type="number" min={0.01} max={1} step={0.01} value={form.memory_fraction} onChange={set("memory_fraction")} />
+        </Field>
+        <Field label="Context tokens (plan)">
+          <input type="number" min={1} placeholder="the model's" value={form.context_tokens} onChange={set("context_tokens")} />
+        </Field>
         <button type="submit">Create</button>
         <ErrorText errors={errors} />
       </form>
+      <CapacityPlan plan={live.plan} error={live.error} pending={live.pending} />
     </>
   );
 }
