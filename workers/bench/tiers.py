@@ -12,7 +12,8 @@ Runs, each on fresh processes, a fresh `mooncake_master` and a fresh disk direct
 - `store`: + the Mooncake Store shared by the replicas;
 - `disk`: + a disk tier (the node's directory, shared by both replicas);
 - `scale_out`: as `store`, and a third replica joins once a sixth of the requests are answered
-  (the sessions rendezvous hashing gives it move there);
+  (the sessions rendezvous hashing gives it move there; its process starts with the others, so
+  it joins with a cold cache but without waiting for its model to load);
 - `restart`: as `store`, and replica 1 restarts once a sixth of the requests are answered (its
   sessions go to replica 0 while it is down, and come back);
 - `scale_out_device`, `restart_device`: the same two events without tiers (the baseline).
@@ -236,9 +237,14 @@ class Replay:
 
     def __init__(self, trace: Trace, model: str, tiers: dict | None, run: str, quiet: bool):
         self.trace, self.model, self.tiers, self.run, self.quiet = trace, model, tiers, run, quiet
-        self.replicas = {slot: Replica(slot, model, tiers) for slot in (0, 1)}
+        # The joining replica's process starts with the others (loading takes seconds) and joins
+        # the routing at the event: its cache is as cold as a new replica's.
+        slots = (0, 1, 2) if run == "scale_out" else (0, 1)
+        self.replicas = {slot: Replica(slot, model, tiers) for slot in slots}
         for r in self.replicas.values():
             r.wait_ready()
+        if run == "scale_out":
+            self.replicas[2].ready = False
         self.requests: dict[str, Request] = {}
         self.watch: int | None = 1 if run not in ("scale_out", "restart") else None  # first20's replica
         self.watch_from = 0.0
@@ -277,13 +283,14 @@ class Replay:
             self._spawn(req.session, req.turn, at)
 
     def _event(self) -> None:
-        """Once a sixth of the requests are answered: a third replica joins, or replica 1 stops
-        taking turns, drains and restarts. Neither blocks the replay: a new process becomes
-        routable when it reports ready (`_receive`)."""
+        """Once a sixth of the requests are answered: a third replica joins (its process was
+        started with the others), or replica 1 stops taking turns, drains and restarts. Neither
+        blocks the replay: a restarted process becomes routable when it reports ready
+        (`_receive`)."""
         if self.event == "join":
             log("  a third replica joins", self.quiet)
-            self.replicas[2] = Replica(2, self.model, self.tiers)
-            self.watch = 2
+            self.replicas[2].ready = True
+            self.watch, self.watch_from = 2, time.monotonic()
             self.event = None
         elif self.draining is None:
             log("  replica 1 restarts", self.quiet)
