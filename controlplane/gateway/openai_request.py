@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from controlplane.common import json_body
@@ -150,9 +151,12 @@ def _integer(body, name, default=None, lo=None, hi=None):
 PARAMS = {
     "model", "stream", "stream_options", "stop", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "min_p", "repetition_penalty",
-    "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key",
+    "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key", "structured_outputs",
 }  # fmt: skip
-KIND_PARAMS = {"chat": {"messages", "tools", "tool_choice", "top_logprobs"}, "completion": {"prompt"}}
+KIND_PARAMS = {
+    "chat": {"messages", "tools", "tool_choice", "top_logprobs", "response_format"},
+    "completion": {"prompt"},
+}
 # OpenAI parameters this server does not implement: a 400 naming them, unless they hold a value
 # that asks for nothing beyond what is built (null always does: it means "not given").
 UNSUPPORTED = {
@@ -161,8 +165,6 @@ UNSUPPORTED = {
     "echo": ((False,), "'echo' is not supported yet."),
     "suffix": (("",), "'suffix' (insertion) is not supported yet."),
     "logit_bias": (({},), "'logit_bias' is not supported yet."),
-    "response_format": (({"type": "text"},), "'response_format' other than {\"type\": \"text\"} is not supported "
-                        "yet: there is no constrained decoding."),
     "parallel_tool_calls": ((True,), "'parallel_tool_calls': false is not supported yet: the model may call "
                             "several tools in one answer."),
     "service_tier": (("auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not supported yet."),
@@ -226,6 +228,7 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     )
     if params.top_p == 0:
         raise bad("'top_p' must be greater than 0.", "top_p")
+    params.grammar = _structured_outputs(body.get("structured_outputs"))
     _typed(body, "user", str, None, what="a string")  # accepted (OpenAI clients send it), not used
     return GenerationRequest(
         kind=kind,
@@ -249,6 +252,109 @@ def session_key(value, param: str) -> str | None:
         raise bad(f"'{param}' must be a non-empty string of at most {MAX_SESSION_KEY} characters.", param,
                   "invalid_type" if not isinstance(value, str) else "invalid_value")  # fmt: skip
     return value
+
+
+# -- structured output ------------------------------------------------------------------------
+# The gateway checks what is cheap (shapes, that a regex compiles, that a named tool exists) and
+# sends the replica a grammar spec (workers/engine/structured.py); the replica compiles it for its
+# vocabulary, and a schema it cannot compile comes back as a 400 naming the parameter.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` fields built here
+
+
+def _structured_outputs(value) -> dict | None:
+    """vLLM's extra parameter: {"json": schema} | {"regex": str} | {"choice": [str]} | {"grammar": EBNF}."""
+    if value is None:
+        return None
+    name = "structured_outputs"
+    if not isinstance(value, dict):
+        raise bad(f"'{name}' must be an object.", name, "invalid_type")
+    given = {k: v for k, v in value.items() if v is not None}
+    unknown = sorted(set(given) - set(STRUCTURED_KINDS))
+    if unknown:
+        raise bad(f"'{name}.{unknown[0]}' is not supported: use one of {', '.join(STRUCTURED_KINDS)}.",
+                  f"{name}.{unknown[0]}", "unsupported")  # fmt: skip
+    if len(given) != 1:
+        raise bad(f"'{name}' must hold exactly one of {', '.join(STRUCTURED_KINDS)}.", name)
+    ((kind, spec),) = given.items()
+    param = f"{name}.{kind}"
+    if kind == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError:
+                raise bad(f"'{param}' must be a JSON schema (an object, or its JSON text).", param) from None
+        return {"type": "json_schema", "schema": _schema(spec, param)}
+    if kind == "regex":
+        if not isinstance(spec, str) or not spec:
+            raise bad(f"'{param}' must be a non-empty string.", param, "invalid_type")
+        try:
+            re.compile(spec)
+        except re.error as exc:
+            raise bad(f"'{param}' is not a valid regular expression: {exc}.", param) from None
+        return {"type": "regex", "regex": spec}
+    if kind == "choice":
+        if not (isinstance(spec, list) and spec and all(isinstance(c, str) and c for c in spec)):
+            raise bad(f"'{param}' must be a non-empty list of non-empty strings.", param, "invalid_type")
+        return {"type": "choice", "choice": spec}
+    if not isinstance(spec, str) or not spec.strip():
+        raise bad(f"'{param}' must be a non-empty EBNF grammar (root ::= ...).", param, "invalid_type")
+    return {"type": "grammar", "grammar": spec}
+
+
+def _schema(schema, param: str) -> dict:
+    if not isinstance(schema, dict):
+        raise bad(f"'{param}' must be a JSON schema object, got {_show(schema)}.", param, "invalid_type")
+    return schema
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's `response_format`: text (no grammar), json_object, or json_schema."""
+    name = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise bad(f"'{name}' must be an object with a 'type'.", name, "invalid_type")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise bad(f"'{name}.type' must be 'text', 'json_object' or 'json_schema', got {_show(kind)}.", f"{name}.type")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad(f"'{name}.json_schema' must be an object with 'name' and 'schema'.", f"{name}.json_schema", "missing"
+                  if spec is None else "invalid_type")  # fmt: skip
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise bad(f"'{name}.json_schema.name' must be a non-empty string.", f"{name}.json_schema.name", "missing")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad(f"'{name}.json_schema.strict' must be a boolean.", f"{name}.json_schema.strict", "invalid_type")
+    # strict or not, the output is generated to match the schema (constrained decoding).
+    schema = spec.get("schema")
+    return {"type": "json_schema", "schema": {} if schema is None else _schema(schema, f"{name}.json_schema.schema")}
+
+
+def _tool_grammar(tools: list[dict], choice) -> dict:
+    """`tool_choice` "required" or a named function: one call of a given tool, its arguments
+    matching the tool's parameter schema."""
+    functions = [t["function"] for t in tools]
+    if isinstance(choice, dict):
+        name = choice["function"].get("name")
+        if not isinstance(name, str):
+            raise bad("'tool_choice.function.name' must be a string.", "tool_choice.function.name", "invalid_type")
+        functions = [f for f in functions if f["name"] == name]
+        if not functions:
+            known = ", ".join(t["function"]["name"] for t in tools)
+            raise bad(f"'tool_choice' names the function {_show(name)}, which is not in 'tools' ({known}).",
+                      "tool_choice.function.name")  # fmt: skip
+    out = []
+    for i, f in enumerate(functions):
+        parameters = f.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise bad("A tool's 'parameters' must be a JSON schema object.", f"tools[{i}].function.parameters",
+                      "invalid_type")  # fmt: skip
+        out.append({"name": f["name"], "parameters": parameters or {}})
+    return {"type": "tool_call", "tools": out}
 
 
 def parse_completion(body: dict) -> GenerationRequest:
@@ -331,6 +437,18 @@ def parse_chat(body: dict) -> GenerationRequest:
     if choice not in ("auto", "none") and not req.tools:
         raise bad("'tool_choice' needs 'tools'.", "tool_choice")
     req.tool_choice = choice
+    grammars = {}
+    if choice not in ("auto", "none"):
+        grammars["tool_choice"] = _tool_grammar(req.tools, choice)
+    fmt = _response_format(body.get("response_format"))
+    if fmt is not None:
+        grammars["response_format"] = fmt
+    if req.params.grammar is not None:
+        grammars["structured_outputs"] = req.params.grammar
+    if len(grammars) > 1:
+        first, second = list(grammars)[:2]
+        raise bad(f"'{first}' and '{second}' both constrain the output: send one.", second)
+    req.params.grammar = next(iter(grammars.values()), None)
     req.logprobs = _typed(body, "logprobs", bool, False, what="a boolean")
     top = _integer(body, "top_logprobs", None, lo=0, hi=20)
     if top is not None and not req.logprobs:

@@ -23,8 +23,6 @@ COMPLETION = {"model": "m", "prompt": "hi"}
         ("n", 2),
         ("n", True),  # not a JSON 1
         ("logit_bias", {"50256": -100}),
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
         ("parallel_tool_calls", False),
         ("service_tier", "flex"),
         ("functions", [{"name": "f", "parameters": {}}]),

@@ -78,7 +78,16 @@ def main(argv=None) -> int:
     ti.add_argument("--sessions", type=int, help="root sessions of the trace (default: the benchmark's own)")
     ti.add_argument("--seed", type=int, default=13, help="the trace's seed")
     ti.add_argument("--json", action="store_true", help="print only the JSON line")
+    st = sub.add_parser("structured", help="decode tokens/s with and without a JSON-schema constraint, batch 1 and 8")
+    st.add_argument("--model", help="HF model directory (default: the demo model)")
+    st.add_argument("--threads", type=int, default=1, help="torch threads")
+    st.add_argument("--rounds", type=int, default=5, help="rounds; tokens/s is the median")
+    st.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "structured":
+        from workers.bench.structured import run
+
+        return run(args)
     if args.name == "tiers":
         from workers.bench.tiers import run
 

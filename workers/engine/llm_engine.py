@@ -21,10 +21,11 @@ from workers.engine.model_runner import ModelRunner, num_kv_blocks
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
 from workers.engine.sampler import Sampler
-from workers.engine.sampling_params import SamplingParams
+from workers.engine.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.engine.spec import SpecStats, SpeculativeConfig, make_drafter
+from workers.engine.structured import Grammars, GrammarState, tokenizer_info
 from workers.engine.tiered_cache import KVTierConfig, TieredCache
 from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
@@ -87,6 +88,12 @@ class LLMEngine:
             raise RequestError("kv_tiers need prefix caching: they extend the prefix cache")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.tiers)
         self.sampler = Sampler(config.seed)
+        # Structured output: grammars compiled for this vocabulary (needs the tokenizer).
+        self.grammars = (
+            Grammars(tokenizer_info(config.model, self.model_config.vocab_size, self.eos_token_ids))
+            if self.tokenizer is not None
+            else None
+        )
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
         self.drafter = None
         if self.speculative:
@@ -156,8 +163,28 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_prompt([*prompt_token_ids, *output_token_ids])
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
+        if sampling_params.grammar is not None:
+            seq.grammar = self._grammar_state(sampling_params.grammar, output_token_ids)
         self.output.attach(seq)
         return seq
+
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Compile the request's grammar now (it is cached for when the request is added), so a
+        replica that hands the prompt to a prefill replica refuses a bad one first."""
+        if params.grammar is not None:
+            self._grammar_state(params.grammar, ())
+
+    def _grammar_state(self, spec: dict, output_token_ids) -> GrammarState:
+        """A new sequence's grammar state (compiled once per spec), advanced by the output a
+        resumed request already has."""
+        param = GRAMMAR_PARAMS[spec["type"]]
+        if self.grammars is None:
+            raise RequestError("structured output needs the model's tokenizer (tokenizer.json)", param)
+        state = self.grammars.state(spec)
+        for token in output_token_ids:
+            if not state.accept(token):
+                raise RequestError("the output to resume does not match its grammar", param)
+        return state
 
     # -- disaggregated prefill/decode -----------------------------------------------------------
     def reserve_blocks(self, num_tokens: int) -> list[int] | None:

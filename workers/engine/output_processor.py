@@ -1,7 +1,8 @@
 """From sampled tokens to what a request sees: token ids, logprobs, text, and when it stops.
 
-Per sequence: detokenisation (incremental), stop conditions in order (stop token ids, EOS,
-stop strings, `max_tokens`, the context), and text held back while it could still be the start
+Per sequence: detokenisation (incremental), its grammar advanced (structured output), stop
+conditions in order (stop token ids, EOS, the grammar's end, stop strings, `max_tokens`, the
+context), and text held back while it could still be the start
 of a stop string. A step may hand a sequence several tokens (speculative decoding accepts a
 run of them); they are taken one at a time and whatever follows the one that finishes the
 sequence is dropped, so a run behaves exactly as the same tokens arriving over several steps.
@@ -74,9 +75,12 @@ class OutputProcessor:
         is_eos = token in seq.eos_token_ids
         if seq.detokenizer is not None and not (is_eos or is_stop_token):
             seq.text += seq.detokenizer.add(token)
+        # A token the grammar refuses cannot come from this engine's sampler (its row was
+        # masked); the grammar then stays where it was and the output ends here.
+        grammar_done = seq.grammar is not None and (not seq.grammar.accept(token) or seq.grammar.terminated)
         if is_stop_token:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif is_eos or (p.stop and self._check_stop_strings(seq)):
+        elif is_eos or grammar_done or (p.stop and self._check_stop_strings(seq)):
             seq.finish_reason = "stop"
         elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
             seq.num_tokens >= self.max_model_len

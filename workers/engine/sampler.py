@@ -9,6 +9,13 @@ Log-probabilities are those of the model (raw logits), as vLLM reports them.
 
 `verify` checks speculative drafts (spec/rejection.py) with the same per-row processing and the
 same seeded draws, so speculation changes no output distribution, and no seeded output.
+
+A sequence with a grammar (structured.py) has its row masked after the penalties: the tokens its
+grammar forbids next become -inf, so greedy takes the best allowed token and sampling draws among
+the allowed ones. Other rows are untouched: a free request samples exactly as in a batch without
+constrained ones. In verification, the mask of the row after draft j is the grammar's state after
+drafts[:j]: the matcher is advanced through the drafts and rolled back (a draft the grammar
+refuses is rejected for certain, since its masked probability is 0).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.spec.rejection import draw, rejection_sample
+from workers.engine.structured import allocate_masks, apply_masks
 
 
 @dataclass
@@ -97,6 +105,10 @@ class Ahead:
     def token_ids(self) -> list[int]:
         return self.seq.token_ids + self.draft if self.draft else self.seq.token_ids
 
+    @property
+    def grammar(self):
+        return self.seq.grammar
+
 
 class Sampler:
     def __init__(self, seed: int = 0):
@@ -108,6 +120,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs) -> SampleResult:
         """logits: [len(seqs), vocab] fp32 on any device; seqs: the Sequences, in row order."""
         logits, raw_logprobs = self._prepare(logits, seqs)
+        self._mask(logits, seqs)
         tokens = logits.argmax(dim=-1).tolist()
         for row, s in enumerate(seqs):
             if not s.params.greedy:
@@ -134,6 +147,7 @@ class Sampler:
         logprobs from the target's raw logits."""
         rows = [Ahead(seq, draft[:j]) for seq, draft in zip(seqs, drafts, strict=True) for j in range(len(draft) + 1)]
         logits, raw_logprobs = self._prepare(logits, rows)
+        self._mask(logits, rows, drafts)
         argmax = logits.argmax(dim=-1).tolist()
         results = []
         first = 0
@@ -163,6 +177,8 @@ class Sampler:
     def _prepare(logits: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(penalised fp32 logits, raw logprobs or None when no row asks for them)."""
         logits = logits.float()
+        if any(s.grammar is not None for s in rows) and not any(s.params.has_penalties for s in rows):
+            logits = logits.clone()  # masked in place next: not the caller's tensor
         want_logprobs = any(s.params.logprobs is not None for s in rows)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if any(s.params.has_penalties for s in rows):
@@ -171,6 +187,37 @@ class Sampler:
                 if s.params.has_penalties:
                     apply_penalties(logits[row], s.token_ids, s.num_prompt_tokens, s.params)
         return logits, raw_logprobs
+
+    @staticmethod
+    def _mask(logits: torch.Tensor, rows, drafts: list[list[int]] | None = None) -> None:
+        """In place: each constrained row's grammar mask. Without `drafts`, one row per
+        sequence in its current state; with them (verify), the rows of sequence i are its
+        state after drafts[i][:j], j = 0..len(drafts[i])."""
+        if not any(r.grammar is not None for r in rows):
+            return
+        bitmask = allocate_masks(len(rows), next(r.grammar for r in rows if r.grammar is not None).vocab_size)
+        masked = []
+        if drafts is None:
+            for row, s in enumerate(rows):
+                if s.grammar is not None:
+                    s.grammar.fill(bitmask, row)
+                    masked.append(row)
+        else:
+            first = 0
+            for draft in drafts:
+                grammar = rows[first].grammar
+                if grammar is not None:
+                    accepted = 0
+                    for j in range(len(draft) + 1):
+                        grammar.fill(bitmask, first + j)
+                        masked.append(first + j)
+                        # Rows past a refused draft (or past the end) stay free: never emitted.
+                        if j == len(draft) or grammar.terminated or not grammar.accept(draft[j]):
+                            break
+                        accepted += 1
+                    grammar.rollback(accepted)
+                first += len(draft) + 1
+        apply_masks(logits, bitmask, masked)
 
     @staticmethod
     def _probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -47,6 +47,8 @@ class Sequence:
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
         self.session_turn = False  # a turn of a session: its context starts the next turn's prompt
+        # Structured output (structured.GrammarState): the grammar state after the output so far.
+        self.grammar = None
         self._prefix_hashes: list[int] = []
 
     @property

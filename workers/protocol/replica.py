@@ -99,6 +99,9 @@ class WireSamplingParams(Wire):
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token (the sampled one is always included)
+    # Structured output: what the output must match ({"type": "json_schema", "schema": ...},
+    # see workers/engine/structured.py); the engine checks the shape and compiles it.
+    grammar: dict | None = None
 
     def to_wire(self) -> dict:
         """Every parameter, None included (`max_tokens` None means up to the context)."""

@@ -225,6 +225,7 @@ class ReplicaServer:
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
             turn = message.session_turn
+            self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             if not (self.disagg and prefill is not None
                     and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn)):  # fmt: skip
                 self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,

@@ -1,0 +1,189 @@
+"""Structured output through the real stack with the official `openai` client: JSON-schema
+answers (20 schemas, streamed and not) parse and validate, a forced tool choice always yields a
+tool call with valid arguments, vLLM's `structured_outputs` work, a disaggregated deployment
+obeys the grammar from its first token, and what cannot compile is a 400 naming the problem."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import jsonschema
+import openai
+import pytest
+
+from tests.support.stack import committed, demo_model, processes, stack_env, wait_online, wait_ready, wait_web
+from workers.bench.processes import free_port
+from workers.bench.structured import SCHEMAS
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
+ASK = [{"role": "user", "content": "Answer in JSON."}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "maximum": 7,
+                                                                                  "minimum": 1}},
+            "required": ["city"],
+        },
+    },
+}  # fmt: skip
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+
+    state = tmp_path_factory.mktemp("structured")
+    node, port = f"grammar-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS="0")
+    with committed(django_db_blocker):
+        owner = get_user_model().objects.create_user("structured-owner")
+        model = demo_model()
+        with processes(state, node, env, web_port=port):
+            wait_online(node)
+            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
+            create_deployment(
+                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
+                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
+            )  # fmt: skip
+            _, secret = create_api_key(name="all", owner=owner)
+            wait_ready("demo", 1, 90)
+            wait_ready("demo-pd", 2, 90)
+            base = f"http://127.0.0.1:{port}"
+            wait_web(base)
+            yield {"base": base, "key": secret}
+
+
+@pytest.fixture
+def client(stack):
+    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+
+
+def json_schema(i: int) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": f"schema_{i}", "schema": SCHEMAS[i], "strict": True}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_json_schema_answers_parse_and_validate_for_twenty_schemas(client, stream):
+    assert len(SCHEMAS) == 20
+    for i, schema in enumerate(SCHEMAS):
+        kwargs = {"model": "demo", "messages": ASK, "response_format": json_schema(i), "max_tokens": 96}
+        kwargs["temperature"], kwargs["seed"] = (0.8, i) if stream else (0, None)
+        if stream:
+            chunks = list(client.chat.completions.create(**kwargs, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        else:
+            choice = client.chat.completions.create(**kwargs).choices[0]
+            text, finish = choice.message.content, [choice.finish_reason]
+        assert finish == ["stop"], (i, text)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_and_the_parse_helper(client):
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        city: str = Field(max_length=10)
+        days: int = Field(ge=1, le=7)
+
+    parsed = client.chat.completions.parse(model="demo", messages=ASK, response_format=City, temperature=0,
+                                           max_tokens=64)  # fmt: skip
+    assert isinstance(parsed.choices[0].message.parsed, City)
+    answer = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_object"},
+        temperature=0, max_tokens=128,
+    )  # fmt: skip
+    choice = answer.choices[0]
+    if choice.finish_reason == "stop":  # the tiny model may ramble in a key until max_tokens
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tool_choice_required_always_yields_a_valid_tool_call(client, stream):
+    # Questions the demo model answers in text when the tool choice is its own.
+    for seed, question in enumerate(["hi", "What is the capital of France?", "Tell me a joke.", "What time is it?"]):
+        kwargs = {"model": "demo", "messages": [{"role": "user", "content": question}], "tools": [WEATHER, CLOCK],
+                  "tool_choice": "required", "temperature": 0.7, "seed": seed, "max_tokens": 96}  # fmt: skip
+        if stream:
+            deltas = [c.choices[0] for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+            calls = [tc.function for d in deltas for tc in (d.delta.tool_calls or [])]
+            finish = [d.finish_reason for d in deltas if d.finish_reason]
+        else:
+            choice = client.chat.completions.create(**kwargs).choices[0]
+            calls, finish = [tc.function for tc in choice.message.tool_calls or []], [choice.finish_reason]
+        assert finish == ["tool_calls"], question
+        (call,) = calls
+        arguments = json.loads(call.arguments)
+        if call.name == "get_weather":
+            jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+        else:
+            assert (call.name, arguments) == ("get_time", {})
+    named = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, CLOCK], temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=96,
+    )  # fmt: skip
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_structured_outputs_regex_choice_and_grammar(client):
+    regex = client.completions.create(model="demo", prompt="Code:", max_tokens=16, temperature=0.9, seed=1,
+                                      extra_body={"structured_outputs": {"regex": r"[A-Z]{2}-\d{3}"}})  # fmt: skip
+    assert re.fullmatch(r"[A-Z]{2}-\d{3}", regex.choices[0].text) and regex.choices[0].finish_reason == "stop"
+    choice = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Is Paris in France?"}], temperature=0, max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "perhaps"]}},
+    )  # fmt: skip
+    assert choice.choices[0].message.content in ("yes", "no", "perhaps")
+    ebnf = 'root ::= "(" [0-9]{1,2} (", " [0-9]{1,2}){0,2} ")"'
+    grammar = client.chat.completions.create(model="demo", messages=ASK, temperature=0, max_tokens=32,
+                                             extra_body={"structured_outputs": {"grammar": ebnf}})  # fmt: skip
+    assert re.fullmatch(r"\(\d{1,2}(, \d{1,2}){0,2}\)", grammar.choices[0].message.content)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_disaggregated_deployment_obeys_the_grammar_from_the_first_token(client, stream):
+    for i in (6, 13, 17):
+        kwargs = {"messages": ASK, "response_format": json_schema(i), "temperature": 0, "max_tokens": 96}
+        want = client.chat.completions.create(model="demo", **kwargs).choices[0].message.content
+        if stream:
+            raw = client.chat.completions.with_raw_response.create(model="demo-pd", stream=True, **kwargs)
+            assert raw.headers.get("x-switchyard-prefill-replica")  # the prefill replica sampled token 1
+            text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        else:
+            text = client.chat.completions.create(model="demo-pd", **kwargs).choices[0].message.content
+        assert text == want
+        jsonschema.validate(json.loads(text), SCHEMAS[i])
+
+
+@pytest.mark.parametrize("model", ["demo", "demo-pd"])
+def test_what_cannot_compile_is_a_400_naming_the_problem(client, model):
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}
+    cases = [
+        ({"response_format": bad_schema}, "response_format", "cannot compile the JSON schema"),
+        ({"extra_body": {"structured_outputs": {"grammar": "root ::= nowhere"}}}, "structured_outputs",
+         'Rule "nowhere" is not defined'),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_stock"}}},
+         "tool_choice.function.name", "not in 'tools'"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}},
+         "response_format.json_schema.schema", "must be a JSON schema object"),
+    ]  # fmt: skip
+    for stream in (False, True):
+        for kwargs, param, words in cases:
+            with pytest.raises(openai.BadRequestError) as err:
+                client.chat.completions.create(model=model, messages=ASK, max_tokens=8, stream=stream, **kwargs)
+            body = err.value.body
+            assert err.value.status_code == 400 and body["param"] == param, body
+            assert words in body["message"]

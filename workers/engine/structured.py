@@ -1,0 +1,181 @@
+"""Structured output: grammars compiled with xgrammar, and the token masks they give the sampler.
+
+A request's `grammar` (SamplingParams.grammar, from the wire) says what its output must be:
+
+    {"type": "json_object"}                            any JSON object
+    {"type": "json_schema", "schema": {...}}           JSON valid against the schema
+    {"type": "regex", "regex": "..."}                  a match of the regular expression
+    {"type": "choice", "choice": ["a", "b"]}           exactly one of the strings
+    {"type": "grammar", "grammar": "root ::= ..."}     xgrammar's EBNF (GBNF)
+    {"type": "tool_call", "tools": [{"name", "parameters"}]}
+        one call `<tool_call>{"name": N, "arguments": A}</tool_call>` (the format the chat
+        templates render and the gateway's tool_calls.py parses), N one of the tools, A valid
+        against that tool's parameter schema
+
+`Grammars` compiles each spec once for the engine's vocabulary and keeps the compiled grammars
+in a bounded LRU. Each constrained sequence owns a `GrammarState` (an xgrammar matcher) that has
+accepted exactly its output tokens: the sampler masks the logits of its row with the state's
+next-token bitmask, and the output processor advances it with every token taken. The state
+lives on the sequence, so a preempted sequence (its K/V recomputed, its tokens kept) keeps it.
+JSON is generated compact (`", "`, `": "`, no free whitespace), which keeps a small model from
+filling its budget with blanks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+import xgrammar as xgr
+
+from workers.engine.errors import RequestError
+from workers.engine.sampling_params import GRAMMAR_PARAMS as PARAMS
+from workers.engine.sampling_params import check_grammar as check_spec
+
+CACHE_SIZE = 128  # compiled grammars kept (each is a few KB to a few MB with a large vocabulary)
+_LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:123: " prefix
+
+
+def _literal(text: str) -> str:
+    """An EBNF string literal (xgrammar reads JSON's escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _json_schema(schema) -> xgr.Grammar:
+    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+
+
+def _tool_call(tools: list[dict]) -> xgr.Grammar:
+    calls = []
+    for tool in tools:
+        head = '<tool_call>{"name": ' + json.dumps(tool["name"]) + ', "arguments": '
+        # No parameters: the call takes none (`{}`), as OpenAI reads a tool without a schema.
+        params = tool.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+        calls.append(
+            xgr.Grammar.concat(
+                xgr.Grammar.from_ebnf(f"root ::= {_literal(head)}"),
+                _json_schema(params),
+                xgr.Grammar.from_ebnf('root ::= "}</tool_call>"'),
+            )
+        )
+    return calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
+
+
+def _message(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _LOCATION.sub("", text)
+
+
+def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xgr.TokenizerInfo:
+    """xgrammar's view of the model's vocabulary, read from tokenizer.json with the `tokenizers`
+    library (no transformers). Special tokens (`<|user|>`, ...) are left out of every grammar:
+    their text is not what detokenisation shows. The stop tokens end a grammar's output."""
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(path.read_text())
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    encoded = [""] * vocab_size
+    for text, i in tok.get_vocab(with_added_tokens=True).items():
+        if i < vocab_size and text not in special:
+            encoded[i] = text
+    return xgr.TokenizerInfo(
+        encoded,
+        meta["vocab_type"],
+        vocab_size=vocab_size,
+        stop_token_ids=list(stop_token_ids),
+        add_prefix_space=meta["add_prefix_space"],
+    )
+
+
+class Grammars:
+    """Compiles grammar specs for one vocabulary, each once: a bounded LRU by the spec's JSON."""
+
+    def __init__(self, info: xgr.TokenizerInfo, cache_size: int = CACHE_SIZE):
+        self.info = info
+        self.vocab_size = info.vocab_size
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self.cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self.cache_size = cache_size
+        self.compiles = 0  # how many specs were compiled (the rest were cache hits)
+        self._lock = threading.Lock()  # the replica compiles on its main loop; LLM users may not
+
+    def compile(self, spec: dict) -> xgr.CompiledGrammar:
+        spec = check_spec(spec)
+        key = json.dumps(spec, sort_keys=True)
+        with self._lock:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.cache.move_to_end(key)
+                return hit
+        compiled = self._compile(spec)
+        with self._lock:
+            self.cache[key] = compiled
+            self.compiles += 1
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, spec: dict) -> xgr.CompiledGrammar:
+        kind = spec["type"]
+        try:
+            if kind == "json_object":
+                return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if kind == "json_schema":
+                return self.compiler.compile_grammar(_json_schema(spec["schema"]))
+            if kind == "regex":
+                return self.compiler.compile_regex(spec["regex"])
+            if kind == "choice":
+                return self.compiler.compile_grammar("root ::= " + " | ".join(_literal(c) for c in spec["choice"]))
+            if kind == "grammar":
+                return self.compiler.compile_grammar(spec["grammar"])
+            return self.compiler.compile_grammar(_tool_call(spec["tools"]))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            what = {"json_object": "JSON", "json_schema": "JSON schema", "tool_call": "tool parameter schema"}
+            raise RequestError(
+                f"cannot compile the {what.get(kind, kind)} into a grammar: {_message(exc)}", PARAMS[kind]
+            ) from None
+
+    def state(self, spec: dict) -> GrammarState:
+        return GrammarState(self.compile(spec), self.vocab_size)
+
+
+class GrammarState:
+    """One sequence's place in its grammar: the tokens it accepted, the mask of the next."""
+
+    __slots__ = ("matcher", "vocab_size")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int):
+        self.matcher = xgr.GrammarMatcher(compiled)  # rolls back any number of tokens
+        self.vocab_size = vocab_size
+
+    def accept(self, token: int) -> bool:
+        """Advance by `token`; False (state unchanged) when the grammar does not allow it."""
+        return self.matcher.accept_token(token)
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.matcher.rollback(n)
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and its stop token was taken: the output is done."""
+        return self.matcher.is_terminated()
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def allocate_masks(rows: int, vocab_size: int) -> torch.Tensor:
+    return xgr.allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """In place: -inf on the tokens each listed row's bitmask forbids (other rows untouched)."""
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
