@@ -116,6 +116,8 @@ class Sampler:
         # Seeded rows: reseeded before each draw from (seed, output position) alone, so one
         # generator serves every seeded request and keeps nothing between draws.
         self.seeded = torch.Generator()
+        self._bitmask: torch.Tensor | None = None  # grammar masks' buffer (structured output)
+        self._bitmask_vocab = 0
 
     def __call__(self, logits: torch.Tensor, seqs) -> SampleResult:
         """logits: [len(seqs), vocab] fp32 on any device; seqs: the Sequences, in row order."""
@@ -188,14 +190,17 @@ class Sampler:
                     apply_penalties(logits[row], s.token_ids, s.num_prompt_tokens, s.params)
         return logits, raw_logprobs
 
-    @staticmethod
-    def _mask(logits: torch.Tensor, rows, drafts: list[list[int]] | None = None) -> None:
+    def _mask(self, logits: torch.Tensor, rows, drafts: list[list[int]] | None = None) -> None:
         """In place: each constrained row's grammar mask. Without `drafts`, one row per
         sequence in its current state; with them (verify), the rows of sequence i are its
         state after drafts[i][:j], j = 0..len(drafts[i])."""
         if not any(r.grammar is not None for r in rows):
             return
-        bitmask = allocate_masks(len(rows), next(r.grammar for r in rows if r.grammar is not None).vocab_size)
+        vocab = next(r.grammar for r in rows if r.grammar is not None).vocab_size
+        if self._bitmask is None or self._bitmask.shape[0] < len(rows) or self._bitmask_vocab != vocab:
+            # Kept across steps (only the rows filled this step are applied); grown as needed.
+            self._bitmask, self._bitmask_vocab = allocate_masks(max(len(rows), 64), vocab), vocab
+        bitmask = self._bitmask
         masked = []
         if drafts is None:
             for row, s in enumerate(rows):

@@ -177,5 +177,5 @@ def allocate_masks(rows: int, vocab_size: int) -> torch.Tensor:
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """In place: -inf on the tokens each listed row's bitmask forbids (other rows untouched)."""
-    bitmask = bitmask.to(logits.device, non_blocking=True)
+    bitmask = bitmask[: logits.shape[0]].to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
