@@ -128,6 +128,9 @@ def test_agent_killed_under_twenty_streams_loses_none(platform):
         assert again["done"] and not again["error"]
     finally:
         stop([agent], [agent_log])
+    # The agent that adopted them stopped them, as a clean agent shutdown does (a SIGTERM while
+    # its Celery worker was still starting once left them running past the test).
+    wait_for(lambda: not any(pid_alive(r.pid) for r in replicas), 30, "the adopted replicas to stop")
 
 
 def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):

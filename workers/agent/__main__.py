@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 
@@ -47,6 +48,9 @@ def main(argv=None) -> int:
     agent = NodeAgent(config, app)
     set_agent(agent)
     worker_shutdown.connect(lambda **kwargs: agent.shutdown(), weak=False)
+    # Until Celery's worker installs its own handlers (its warm shutdown then runs the one
+    # above), a SIGTERM would kill the agent outright and leave its replicas running unwatched.
+    signal.signal(signal.SIGTERM, lambda signum, frame: (agent.shutdown(), sys.exit(0)))
     agent.start()
     app.worker_main(
         ["worker", "-Q", node_queue(config.node), "-P", "threads", "-c", "4", "-n", f"agent@{config.node}",
