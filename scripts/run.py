@@ -234,7 +234,8 @@ def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
             "to a running mooncake_master)")  # fmt: skip
         return None
     # Its HTTP metrics port is of no use here: any free one.
-    args = [PY, "-m", "workers.kvtiers.master", "--port", str(port), "--metrics-port", str(free_port())]
+    metrics_port = free_port()
+    args = [PY, "-m", "workers.kvtiers.master", "--port", str(port), "--metrics-port", str(metrics_port)]
     sup.start("kvstore", args, logs_dir / "kvstore.log")
     address = f"127.0.0.1:{port}"
     if not wait(lambda: _listening(port), 10, sup, interval=0.1):
@@ -254,6 +255,7 @@ def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
     else:
         log(f"KV store: the pool's segment server did not start within 15 s; see {logs_dir / 'kvpool.log'}")
     os.environ["SWITCHYARD_KV_STORE_MASTER"] = address
+    os.environ["SWITCHYARD_KV_STORE_METRICS"] = f"127.0.0.1:{metrics_port}"  # the pool's capacity and use
     return address
 
 

@@ -183,6 +183,9 @@ SWITCHYARD = {
     # The fleet's Mooncake Store: "host:port" of its mooncake_master, run by the operator beside
     # Redis (make run starts one). Empty: no cache policy may turn store_tier on.
     "KV_STORE_MASTER": env("SWITCHYARD_KV_STORE_MASTER", default=""),
+    # "host:port" of that master's metrics (its --metrics_port): replicas read the pool's
+    # capacity and use there, and wait for it before connecting. Optional.
+    "KV_STORE_METRICS": env("SWITCHYARD_KV_STORE_METRICS", default=""),
     # /metrics is open unless this is set (then Prometheus sends it as a Bearer token).
     "METRICS_TOKEN": env("METRICS_TOKEN", default=""),
     # A request whose replica dies, hangs or restarts mid-way resumes on another ready replica.

@@ -66,6 +66,7 @@ def kv_tiers_spec(policy: CachePolicy | None) -> KVTiersSpec | None:
         disk_path=policy.disk_tier_path if policy.disk_tier_bytes else "",
         disk_bytes=policy.disk_tier_bytes if policy.disk_tier_path else 0,
         store_master=master,
+        store_metrics=settings.SWITCHYARD["KV_STORE_METRICS"] if master else "",
         min_prefix_tokens=policy.min_cached_prefix_tokens,
     )
     return spec if spec.dram_bytes or spec.disk_bytes or spec.store_master else None

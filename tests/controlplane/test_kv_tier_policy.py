@@ -19,8 +19,8 @@ pytestmark = pytest.mark.django_db
 MASTER = "10.0.0.5:50051"
 
 
-def with_store(master: str = MASTER):
-    return override_settings(SWITCHYARD={**settings.SWITCHYARD, "KV_STORE_MASTER": master})
+def with_store(master: str = MASTER, metrics: str = ""):
+    return override_settings(SWITCHYARD={**settings.SWITCHYARD, "KV_STORE_MASTER": master, "KV_STORE_METRICS": metrics})
 
 
 def create(client, **fields):
@@ -95,7 +95,7 @@ def spec_of(deployment, role=Replica.Role.COLOCATED):
 
 
 def test_the_replica_spec_carries_the_policys_tiers_to_every_role(deployment_with):
-    with with_store():
+    with with_store(metrics="10.0.0.5:9003"):
         everything = deployment_with("all", mode="disaggregated", dram_tier_bytes=1 << 30, store_tier=True,
                                      disk_tier_path="/var/cache/kv", disk_tier_bytes=8 << 30,
                                      min_cached_prefix_tokens=128)  # fmt: skip
@@ -103,7 +103,7 @@ def test_the_replica_spec_carries_the_policys_tiers_to_every_role(deployment_wit
             # The node agent fills in its own address, protocol and what it lends the store.
             assert spec_of(everything, role).kv_tiers == KVTiersSpec(
                 dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30, store_master=MASTER,
-                min_prefix_tokens=128)  # fmt: skip
+                store_metrics="10.0.0.5:9003", min_prefix_tokens=128)  # fmt: skip
         assert spec_of(deployment_with("dram", dram_tier_bytes=4 << 20)).kv_tiers == KVTiersSpec(dram_bytes=4 << 20)
     assert spec_of(deployment_with("plain")).kv_tiers is None  # no policy
     assert spec_of(deployment_with("routing-only", routing="kv_aware")).kv_tiers is None

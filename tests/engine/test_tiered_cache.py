@@ -169,10 +169,10 @@ def master():
     contribute no memory, so blocks outlive the engine that put them."""
     from workers.kvtiers.master import free_port, start_master, start_segment_server, stop_master
 
-    port = free_port()
-    proc = start_master(port, free_port())
+    port, metrics = free_port(), free_port()
+    proc = start_master(port, metrics)
     pool = start_segment_server(f"127.0.0.1:{port}", 64 << 20, free_port())
-    yield f"127.0.0.1:{port}", proc
+    yield f"127.0.0.1:{port}", proc, f"127.0.0.1:{metrics}"
     os.kill(proc.pid, signal.SIGCONT)  # in case a test left it stopped
     stop_master(pool)
     stop_master(proc)
@@ -186,7 +186,7 @@ def connected(llm: LLM) -> None:
 
 
 def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, master):
-    address, _ = master
+    address, _, metrics = master
     tiers = {"store_master": address, "store_segment_bytes": 0, "store_buffer_bytes": 16 << 20}
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
@@ -199,13 +199,18 @@ def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, ma
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["bytes_written"] > 0
 
-    llm = engine(llama_dir, kv_tiers=tiers)
+    llm = engine(llama_dir, kv_tiers={**tiers, "store_metrics": metrics})
     connected(llm)
     got = answer(llm)
     assert got[2] == 60  # the other process's turn, every full block
     assert llm.engine.tier_stats()["blocks_loaded"]["store"] == 15
     device_hit = answer(llm)
     assert_same(got, recomputed, device_hit)
+    # The pool's capacity, from the master's metrics (read every few seconds while connected).
+    deadline = time.monotonic() + 15
+    while llm.engine.tier_stats()["tiers"]["store"]["capacity_bytes"] < 64 << 20:
+        assert time.monotonic() < deadline, "the store never reported the pool's capacity"
+        time.sleep(0.1)
     llm.engine.close()
 
 
@@ -225,7 +230,7 @@ def test_an_unreachable_store_costs_nothing_but_the_hits(llama_dir, recomputed):
 def test_a_hung_store_never_stalls_the_running_batch(llama_dir, recomputed, master):
     """The master frozen (SIGSTOP, as a hung host would be): a new request's lookup waits on a
     loader thread, up to the tier timeout, while the running request keeps decoding."""
-    address, proc = master
+    address, proc, _ = master
     llm = engine(llama_dir, kv_tiers={"store_master": address, "store_segment_bytes": 0, "timeout_s": 1.0})
     connected(llm)
     eng = llm.engine

@@ -59,6 +59,7 @@ class KVTierConfig:
     disk_path: str = ""
     disk_bytes: int = 0
     store_master: str = ""  # "host:port" of mooncake_master
+    store_metrics: str = ""  # "host:port" of its metrics: the pool's capacity and use (optional)
     # Memory this replica lends the store. None by default: a block lives in the memory of the
     # client that holds it and goes when that process goes, so the pool belongs to segment
     # servers that outlive replicas (workers/kvtiers/master.py, docs/operations.md).
@@ -130,6 +131,7 @@ class TieredCache:
                 protocol=cfg.store_protocol,
                 device_name=cfg.store_device,
                 timeout_s=cfg.timeout_s,
+                metrics_address=cfg.store_metrics,
             )
             if cfg.store_master
             else None

@@ -638,6 +638,7 @@ class KVTiersSpec(Wire):
     disk_path: str = ""
     disk_bytes: int = 0
     store_master: str = ""
+    store_metrics: str = ""  # "host:port" of the master's metrics: the pool's capacity and use
     min_prefix_tokens: int = 0
     local_hostname: str = ""
     store_protocol: str = ""
