@@ -35,7 +35,6 @@ from workers.engine.block_manager import Block, BlockManager
 from workers.engine.errors import RequestError
 from workers.engine.sequence import Sequence
 from workers.kvtiers import (
-    CorruptBlock,
     DiskTier,
     HostTier,
     KVTier,
@@ -322,10 +321,8 @@ class TieredCache:
             i = start + offset
             if payload is None:
                 break
-            try:
-                block_tokens, data = unpack_block(payload, hashes[i])
-            except CorruptBlock:  # the tiers verify already; this guards one that did not
-                break
+            # KVTier.get_many returned it verified (checksum and hash): only parse it here.
+            block_tokens, data = unpack_block(payload, hashes[i], checksum=False)
             if block_tokens != tokens[i]:  # a hash collision: never use it
                 break
             out.append(FetchedBlock(i, hashes[i], block_tokens, data, tier))
