@@ -26,6 +26,8 @@ UNSUPPORTED = {
     "context_management": "'context_management' is not supported: the conversation is sent as it is.",
     "inference_geo": "'inference_geo' is not supported: a deployment runs where its replicas are.",
     "diagnostics": "'diagnostics' is not supported.",
+    "user_profile_id": "'user_profile_id' is not supported: API keys, not user profiles, identify callers here.",
+    "workspace_id": "'workspace_id' is not supported: API keys, not workspaces, scope callers here.",
 }
 
 
