@@ -31,6 +31,18 @@ UNSUPPORTED = {
 }
 
 
+ANTHROPIC_PATHS = ("/v1/messages",)  # answered in Anthropic's error shape, even by the ASGI handler
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
+
+
+def error_body(exc: OpenAIError) -> dict:
+    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
 @dataclass
 class MessagesRequest:
     model: str

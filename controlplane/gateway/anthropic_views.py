@@ -19,7 +19,7 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation
-from controlplane.gateway.anthropic_request import MessagesRequest, parse_messages
+from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_messages
 from controlplane.gateway.openai_request import OpenAIError, parse_json, too_large
 from controlplane.gateway.openai_views import _deltas, _headers
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
@@ -27,14 +27,6 @@ from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall
 from workers.protocol.replica import DeltaEvent
 
 log = logging.getLogger(__name__)
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-               429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
-
-
-def error_body(exc: OpenAIError) -> dict:
-    kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 def error_response(exc: OpenAIError) -> JsonResponse:
