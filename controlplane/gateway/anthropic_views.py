@@ -93,9 +93,8 @@ def usage(event: DeltaEvent | None, prompt_tokens: int = 0) -> dict:
 class MessageBuilder:
     """The message of one request and the stream events that build it."""
 
-    def __init__(self, parsed: MessagesRequest, gen: generation.Generation):
+    def __init__(self, parsed: MessagesRequest):
         self.parsed = parsed
-        self.gen = gen
         self.id = f"msg_{uuid.uuid4().hex}"
         self.items = OutputItems(parsed.req)
         self.blocks: list[dict] = []
@@ -167,9 +166,9 @@ async def messages(request):
         raise too_large() from None
     parsed = parse_messages(parse_json(raw))
     gen = await generation.start(parsed.req, caller, request.headers)
-    builder = MessageBuilder(parsed, gen)
+    builder = MessageBuilder(parsed)
     if parsed.stream:
-        response = StreamingHttpResponse(_stream(builder), content_type="text/event-stream")
+        response = StreamingHttpResponse(_stream(builder, gen), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
     else:
         deltas = await _deltas(gen)
@@ -181,17 +180,17 @@ async def messages(request):
     return response
 
 
-async def _stream(builder: MessageBuilder):
+async def _stream(builder: MessageBuilder, gen: generation.Generation):
     """Anthropic's event stream; a request that fails mid-stream ends with an `error` event.
     The request is closed (aborted if still running) either way."""
     try:
         for name, data in builder.start():
             yield sse_event(name, data)
         try:
-            async for delta in builder.gen.events():
+            async for delta in gen.events():
                 for name, data in builder.feed(delta):
                     yield sse_event(name, data)
         except OpenAIError as exc:
             yield sse_event("error", error_body(exc))
     finally:
-        await builder.gen.close()
+        await gen.close()

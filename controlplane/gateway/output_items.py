@@ -5,8 +5,9 @@ Anthropic's Messages API with content blocks (`text`, `tool_use`); both stream a
 opens, grows and closes. `OutputItems` turns replica deltas (through the chat endpoint's tool-call
 parser) into those changes, once, for both APIs and both response styles.
 
-Whitespace the model writes before an item opens is held back: a stray newline before a tool
-call opens no text item, and one after the last item is dropped when the answer is tool calls.
+Whitespace at the end of the text so far is held back until more text follows: a newline
+before a tool call opens no text item nor ends one, and whitespace after the last call is
+dropped; a plain answer keeps every character.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class OutputItems:
     def __init__(self, req: GenerationRequest):
         self.shaper = ChatShaper(req)
         self.items: list[Text | ToolCall] = []
-        self.pending = ""  # whitespace not yet shown: it may only precede a tool call
+        self.pending = ""  # trailing whitespace not yet shown: it may only precede a tool call
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -75,17 +76,19 @@ class OutputItems:
             out.append(Closed(len(self.items) - 1))
 
     def _text(self, piece: str, out: list[Change], force: bool = False) -> None:
+        """Show `piece` but its trailing whitespace, which waits for more text (`force`: shown)."""
+        piece = self.pending + piece
+        shown = piece if force else piece.rstrip()
+        self.pending = piece[len(shown) :]
+        if not shown:
+            return
         text = self._open_text()
         if text is None:
-            if not force and not (self.pending + piece).strip():
-                self.pending += piece
-                return
-            piece, self.pending = self.pending + piece, ""
             text = Text()
             self.items.append(text)
             out.append(Opened(len(self.items) - 1))
-        text.parts.append(piece)
-        out.append(Grew(len(self.items) - 1, piece))
+        text.parts.append(shown)
+        out.append(Grew(len(self.items) - 1, shown))
 
     def feed(self, event: DeltaEvent) -> list[Change]:
         """The changes `event` makes; the final event closes every item."""
@@ -99,7 +102,7 @@ class OutputItems:
             elif piece:
                 self._text(piece, out)
         if event.final:
-            if self.pending and not self.calls:  # an answer of only whitespace is still the answer
+            if self.pending and not self.calls:  # a plain answer keeps its trailing whitespace
                 self._text("", out, force=True)
             self._close(out)
         return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -33,11 +34,12 @@ def _hex() -> str:
 class ResponseBuilder:
     """The response object of one request and the stream events that build it."""
 
-    def __init__(self, parsed: ResponsesRequest, req: GenerationRequest, gen: generation.Generation,
-                 history: list[dict]):  # fmt: skip
+    def __init__(self, parsed: ResponsesRequest, req: GenerationRequest, created: int, history: list[dict],
+                 note: Callable[[dict], dict] = lambda body: body):  # fmt: skip
         self.parsed = parsed
-        self.gen = gen
+        self.created = created
         self.history = history
+        self.note = note  # what the gateway adds to a finished response (x_switchyard)
         self.id = f"resp_{_hex()}"
         self.items = OutputItems(req)
         self.output: list[dict] = []
@@ -55,7 +57,7 @@ class ResponseBuilder:
         if status is None:
             status = "incomplete" if last is not None and last.finish_reason == "length" else "completed"
         body = {
-            "id": self.id, "object": "response", "created_at": self.gen.created, "status": status,
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": p.instructions, "max_output_tokens": p.max_output_tokens, "model": p.model,
@@ -68,7 +70,7 @@ class ResponseBuilder:
         }  # fmt: skip
         if status in ("completed", "incomplete") and last is not None:
             body["usage"] = usage(last)
-            _prefill_note(self.gen, body)
+            self.note(body)
         return body
 
     def start(self) -> list[dict]:
@@ -159,8 +161,7 @@ def _history(rid: str, caller: generation.Caller) -> list[dict]:
 
 
 @sync_to_async
-def _store(builder: ResponseBuilder, body: dict) -> None:
-    caller = builder.gen.caller
+def _store(builder: ResponseBuilder, caller: generation.Caller, body: dict) -> None:
     StoredResponse.objects.create(id=builder.id, owner_id=_owner(caller), api_key=caller.key,
                                   conversation=builder.conversation(), response=body)  # fmt: skip
 
@@ -196,9 +197,9 @@ async def create_response(request):
     with renamed():
         req = parsed.generation_request(history)
         gen = await generation.start(req, caller, request.headers)
-    builder = ResponseBuilder(parsed, req, gen, history)
+    builder = ResponseBuilder(parsed, req, gen.created, history, note=lambda body: _prefill_note(gen, body))
     if parsed.stream:
-        response = StreamingHttpResponse(_stream(builder), content_type="text/event-stream")
+        response = StreamingHttpResponse(_stream(builder, gen), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
     else:
         builder.start()
@@ -206,17 +207,16 @@ async def create_response(request):
             builder.feed(delta)
         body = builder.response()
         if parsed.store:
-            await _store(builder, body)
+            await _store(builder, caller, body)
         response = JsonResponse(body)
     for name, value in _headers(gen).items():
         response[name] = value
     return response
 
 
-async def _stream(builder: ResponseBuilder):
+async def _stream(builder: ResponseBuilder, gen: generation.Generation):
     """The Responses stream events. A request that fails mid-stream ends with `response.failed`
     carrying the error; the request is closed (aborted if still running) either way."""
-    gen = builder.gen
     try:
         for event in builder.start():
             yield sse_event(event)
@@ -224,7 +224,7 @@ async def _stream(builder: ResponseBuilder):
             async for delta in gen.events():
                 events = builder.feed(delta)
                 if delta.final and builder.parsed.store:  # stored before the client hears it is done
-                    await _store(builder, events[-1]["response"])
+                    await _store(builder, gen.caller, events[-1]["response"])
                 for event in events:
                     yield sse_event(event)
         except OpenAIError as exc:

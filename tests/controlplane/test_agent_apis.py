@@ -14,10 +14,13 @@ from controlplane.catalog.models import Model
 from controlplane.config.asgi import application
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.anthropic_request import parse_messages
+from controlplane.gateway.anthropic_views import MessageBuilder
 from controlplane.gateway.models import StoredResponse
 from controlplane.gateway.openai_request import OpenAIError
 from controlplane.gateway.responses_request import parse_responses
+from controlplane.gateway.responses_views import ResponseBuilder
 from controlplane.gateway.services import create_api_key
+from workers.protocol.replica import DeltaEvent
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": SCHEMA}
@@ -287,3 +290,108 @@ def test_stored_responses_are_their_owners_only(client, keys):
     assert call("DELETE", "/v1/responses/resp_theirs", "theirs").json()["deleted"] is True
     assert not StoredResponse.objects.exists()
     assert call("POST", "/v1/responses", "mine", {"input": "hi"}).json()["error"]["param"] == "model"
+
+
+# -- what an answer becomes: replica deltas through each API's builder ----------------------------------
+def deltas(*texts: str, finish: str = "stop", stop_reason=None, usage=None) -> list[DeltaEvent]:
+    out = [DeltaEvent(id="r", text=t, token_ids=[i]) for i, t in enumerate(texts)]
+    out[-1].finish_reason, out[-1].stop_reason = finish, stop_reason
+    out[-1].usage = usage or {"prompt_tokens": 40, "completion_tokens": len(texts), "cached_tokens": 32}
+    return out
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+TEXT_THEN_CALL = ("Let me", " check.", " \n<tool_", CALL[len("<tool_") :], "\n")
+
+
+def build_response(body: dict, texts, **kwargs) -> tuple[list[dict], dict]:
+    parsed = parse_responses(body)
+    builder = ResponseBuilder(parsed, parsed.generation_request([]), 1700000000, [])
+    events = builder.start()
+    for delta in deltas(*texts, **kwargs):
+        events += builder.feed(delta)
+    return events, builder
+
+
+def test_a_response_streams_text_then_a_function_call_in_order():
+    events, builder = build_response({**BASE, "tools": [WEATHER]}, TEXT_THEN_CALL)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"].removeprefix("response.") for e in events] == [
+        "created", "in_progress", "output_item.added", "content_part.added", "output_text.delta",
+        "output_text.delta", "output_text.done", "content_part.done", "output_item.done", "output_item.added",
+        "function_call_arguments.delta", "function_call_arguments.done", "output_item.done", "completed",
+    ]  # fmt: skip
+    final = events[-1]["response"]
+    message, call = final["output"]
+    assert message["content"][0]["text"] == "Let me check." == events[6]["text"]  # the whitespace before the call
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "get_weather",
+                                                                           {"city": "Oslo"})  # fmt: skip
+    assert call["call_id"].startswith("call_") and events[9]["output_index"] == 1
+    assert final["usage"] == {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 5,
+                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 45}  # fmt: skip
+    # What a continuation starts with: the input, then the answer as the chat's assistant message.
+    assert builder.conversation() == [{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": "Let me check.", "tool_calls": [{
+            "id": call["call_id"], "type": "function", "function": {"name": "get_weather",
+                                                                    "arguments": call["arguments"]}}]}]  # fmt: skip
+
+
+def test_a_plain_response_keeps_every_character_and_a_cut_one_is_incomplete():
+    events, _ = build_response(BASE, ("Hello", " there", "\n"))
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello there\n"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello there\n"
+    events, _ = build_response(BASE, ("Hello", " there"), finish="length")
+    assert events[-1]["type"] == "response.incomplete"
+    final = events[-1]["response"]
+    assert (final["status"], final["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    # The tags of a tool call are plain text when no tools were offered.
+    events, _ = build_response(BASE, (CALL,))
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["message"]
+
+
+def build_message(body: dict, texts, **kwargs) -> list[tuple[str, dict]]:
+    builder = MessageBuilder(parse_messages(body))
+    events = builder.start()
+    for delta in deltas(*texts, **kwargs):
+        events += builder.feed(delta)
+    return events
+
+
+def test_a_message_streams_text_and_tool_use_blocks_and_ends_with_its_stop_reason():
+    events = build_message({**CLAUDE, "tools": [CLAUDE_WEATHER]}, TEXT_THEN_CALL)
+    assert [name for name, _ in events] == [
+        "message_start", "ping", "content_block_start", "content_block_delta", "content_block_delta",
+        "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+        "message_stop",
+    ]  # fmt: skip
+    assert all(data["type"] == name for name, data in events)
+    start = events[0][1]["message"]
+    assert (start["content"], start["stop_reason"], start["usage"]["output_tokens"]) == ([], None, 0)
+    use = events[6][1]["content_block"]
+    assert (use["type"], use["name"], use["input"], events[6][1]["index"]) == ("tool_use", "get_weather", {}, 1)
+    assert use["id"].startswith("toolu_")
+    assert json.loads(events[7][1]["delta"]["partial_json"]) == {"city": "Oslo"}
+    delta = events[9][1]
+    assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    # Anthropic counts input tokens read from the cache apart.
+    assert delta["usage"] == {"input_tokens": 8, "cache_read_input_tokens": 32, "cache_creation_input_tokens": 0,
+                              "output_tokens": 5}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("finish", "stop_reason", "expected"),
+    [("stop", None, ("end_turn", None)), ("stop", 2, ("end_turn", None)), ("length", None, ("max_tokens", None)),
+     ("stop", "END", ("stop_sequence", "END"))],
+)  # fmt: skip
+def test_anthropic_stop_reasons(finish, stop_reason, expected):
+    (_, delta), _ = build_message(CLAUDE, ("Hi",), finish=finish, stop_reason=stop_reason)[-2:]
+    assert (delta["delta"]["stop_reason"], delta["delta"]["stop_sequence"]) == expected
+
+
+def test_a_tool_call_whose_arguments_are_no_object_stays_text():
+    builder = MessageBuilder(parse_messages({**CLAUDE, "tools": [CLAUDE_WEATHER]}))
+    for delta in deltas('<tool_call>{"name": "get_weather", "arguments": "Oslo"}</tool_call>'):
+        builder.feed(delta)
+    message = builder.message(delta)
+    assert [b["type"] for b in message["content"]] == ["text"] and message["stop_reason"] == "end_turn"
+    assert "get_weather" in message["content"][0]["text"]
