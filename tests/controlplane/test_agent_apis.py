@@ -9,6 +9,9 @@ import json
 
 import httpx
 import pytest
+import redis
+from channels.db import database_sync_to_async
+from django.conf import settings
 
 from controlplane.catalog.models import Model
 from controlplane.config.asgi import application
@@ -20,7 +23,8 @@ from controlplane.gateway.openai_request import OpenAIError
 from controlplane.gateway.responses_request import parse_responses
 from controlplane.gateway.responses_views import ResponseBuilder
 from controlplane.gateway.services import create_api_key
-from workers.protocol.replica import DeltaEvent
+from tests.support.played_replica import played_replica
+from workers.protocol.replica import DeltaEvent, ErrorEvent
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": SCHEMA}
@@ -395,3 +399,41 @@ def test_a_tool_call_whose_arguments_are_no_object_stays_text():
     message = builder.message(delta)
     assert [b["type"] for b in message["content"]] == ["text"] and message["stop_reason"] == "end_turn"
     assert "get_weather" in message["content"][0]["text"]
+
+
+# -- a replica failing mid-answer -----------------------------------------------------------------------
+def fails_after_one_token(rid: str, prompt_tokens: int) -> list:
+    # A played replica: an engine failing a request after its first token cannot be caused at will.
+    return [DeltaEvent(rid, "Hel", [7]), ErrorEvent(rid, 500, "the engine failed", code="engine_error")]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_failure_mid_stream_ends_each_apis_stream_in_its_own_shape(django_user_model):
+    from tests.controlplane.test_session_turns import serve
+
+    replica = await database_sync_to_async(serve)()  # these close their connections after
+    owner = await database_sync_to_async(django_user_model.objects.create_user)("streamer")
+    _, key = await database_sync_to_async(create_api_key)(name="s", owner=owner)
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    transport = httpx.ASGITransport(app=application)
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        with played_replica(client, replica, answer=fails_after_one_token):
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
+                responses = await http.post("/v1/responses", headers=auth,
+                                            json={"model": "turns", "input": "hi", "stream": True})  # fmt: skip
+                messages = await http.post("/v1/messages", headers=auth, json={**CLAUDE, "model": "turns",
+                                                                               "stream": True})  # fmt: skip
+    finally:
+        client.close()
+    assert responses.status_code == 200 and messages.status_code == 200
+    events = [json.loads(line[6:]) for line in responses.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events][-2:] == ["response.output_text.delta", "response.failed"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "replica_error"
+    assert not await database_sync_to_async(StoredResponse.objects.exists)()  # a failed response is not kept
+    names = [line[7:] for line in messages.text.splitlines() if line.startswith("event: ")]
+    assert names[-2:] == ["content_block_delta", "error"]
+    error = json.loads(messages.text.rstrip().splitlines()[-1][6:])
+    assert error == {"type": "error", "error": {"type": "api_error", "message": error["error"]["message"]}}
