@@ -31,7 +31,8 @@ UNSUPPORTED = {
 }
 
 
-ANTHROPIC_PATHS = ("/v1/messages",)  # answered in Anthropic's error shape, even by the ASGI handler
+# Answered in Anthropic's error shape, even by the ASGI handler.
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
@@ -322,3 +323,15 @@ def parse_messages(body: dict) -> MessagesRequest:
     with renamed():
         req = parse_chat({k: v for k, v in chat.items() if v is not None})
     return MessagesRequest(model=model, stream=req.stream, req=req)
+
+
+# What /v1/messages/count_tokens does not take: it counts a prompt, it generates nothing.
+NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "service_tier")
+
+
+def parse_count_tokens(body: dict) -> MessagesRequest:
+    """A `/v1/messages/count_tokens` body: the prompt part of a Messages request."""
+    extra = next((name for name in NOT_COUNTED if name in body), None)
+    if extra is not None:
+        raise bad(f"{extra}: Extra inputs are not permitted.", extra, "unknown_parameter")
+    return parse_messages({**body, "max_tokens": 1})

@@ -1,4 +1,4 @@
-"""Anthropic's Messages API: `POST /v1/messages`.
+"""Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
 The key comes as `x-api-key` (or `Authorization: Bearer`); `anthropic-version` is accepted
 whatever it says (one wire format is served) and `anthropic-beta` too: what a beta would
@@ -9,6 +9,7 @@ Anthropic's event stream; errors come in Anthropic's shape.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -18,8 +19,8 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.gateway import generation
-from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_messages
+from controlplane.gateway import generation, tokenization
+from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_count_tokens, parse_messages
 from controlplane.gateway.openai_request import OpenAIError, parse_json, too_large
 from controlplane.gateway.openai_views import _deltas, _headers
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
@@ -157,14 +158,18 @@ def sse_event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-@anthropic_view
-async def messages(request):
-    caller = await _caller(request)  # 401 before looking at the body
+def _body(request) -> dict:
     try:
         raw = request.body
     except RequestDataTooBig:
         raise too_large() from None
-    parsed = parse_messages(parse_json(raw))
+    return parse_json(raw)
+
+
+@anthropic_view
+async def messages(request):
+    caller = await _caller(request)  # 401 before looking at the body
+    parsed = parse_messages(_body(request))
     gen = await generation.start(parsed.req, caller, request.headers)
     builder = MessageBuilder(parsed)
     if parsed.stream:
@@ -194,3 +199,17 @@ async def _stream(builder: MessageBuilder, gen: generation.Generation):
             yield sse_event("error", error_body(exc))
     finally:
         await gen.close()
+
+
+@anthropic_view
+async def count_tokens(request):
+    """The prompt's tokens, as the deployment's replicas would run it (the chat template with its
+    tools): `{"input_tokens": n}`. Nothing is generated, so no rate limit applies."""
+    caller = await _caller(request)
+    parsed = parse_count_tokens(_body(request))
+    deployment = await generation.resolve_deployment(parsed.model, caller)
+    ids = await asyncio.to_thread(tokenization.prompt_ids, deployment, parsed.req)
+    if ids is None:  # a hub model, or a directory this web process does not see
+        raise OpenAIError(501, f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
+                          "tokenizer (the replicas tokenise its requests).")  # fmt: skip
+    return JsonResponse({"input_tokens": len(ids)})

@@ -13,5 +13,6 @@ urlpatterns = [
     path("responses", responses_views.create_response, name="openai-responses"),
     path("responses/<str:rid>", responses_views.response_detail, name="openai-response"),
     path("messages", anthropic_views.messages, name="anthropic-messages"),
+    path("messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
     re_path(r"^(?P<path>.*)$", openai_views.not_found),
 ]

@@ -16,7 +16,7 @@ from django.conf import settings
 from controlplane.catalog.models import Model
 from controlplane.config.asgi import application
 from controlplane.deployments.models import Deployment
-from controlplane.gateway.anthropic_request import parse_messages
+from controlplane.gateway.anthropic_request import parse_count_tokens, parse_messages
 from controlplane.gateway.anthropic_views import MessageBuilder
 from controlplane.gateway.models import StoredResponse
 from controlplane.gateway.openai_request import OpenAIError
@@ -231,6 +231,15 @@ def test_anthropic_parameters_not_built_or_wrong_are_400s_naming_them(fields, pa
     assert "response_format" not in err.value.message and "'stop'" not in err.value.message
 
 
+def test_count_tokens_takes_the_prompt_part_only():
+    prompt = {k: v for k, v in CLAUDE.items() if k != "max_tokens"}
+    assert parse_count_tokens({**prompt, "tools": [CLAUDE_WEATHER]}).req.template_tools == [CHAT_WEATHER]
+    for name, value in [("max_tokens", 5), ("stream", True), ("temperature", 0)]:
+        with pytest.raises(OpenAIError) as err:
+            parse_count_tokens({**prompt, name: value})
+        assert err.value.param == name and err.value.code == "unknown_parameter"
+
+
 # -- over HTTP: each API's error shape ---------------------------------------------------------------------
 @pytest.fixture
 def keys(db, django_user_model) -> dict:
@@ -264,6 +273,10 @@ def test_anthropic_auth_by_x_api_key_and_errors_in_anthropics_shape(client, keys
     anthropic_error(client.post("/v1/messages", b"{nope", "application/json", headers=auth), 400,
                     "invalid_request_error")  # fmt: skip
     anthropic_error(client.get("/v1/messages", headers=auth), 405, "invalid_request_error")
+    # The gateway cannot read this model's tokenizer, so it cannot count (the replicas would tokenise).
+    prompt = json.dumps({k: v for k, v in CLAUDE.items() if k != "max_tokens"})
+    counted = client.post("/v1/messages/count_tokens", prompt, "application/json", headers=auth)
+    assert "cannot be counted" in anthropic_error(counted, 501, "api_error")
 
 
 @pytest.mark.asyncio

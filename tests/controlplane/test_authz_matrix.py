@@ -146,6 +146,9 @@ ROWS = [
     # Anthropic's Messages API: API keys (here as Bearer; x-api-key in tests/controlplane/test_agent_apis.py).
     Row("POST",   "/v1/messages",                       (401, 401, 401, 503, 401, 403, 401, 401, 401),
         {"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    # Counting needs the model's tokenizer, which the seeded model's directory does not hold (501).
+    Row("POST",   "/v1/messages/count_tokens",          (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
     # Prometheus: its own token when METRICS_TOKEN is set, open when it is not.
     Row("GET",    "/metrics",                           (401, 401, 401, 401, 401, 401, 401, 401, 200)),

@@ -244,6 +244,9 @@ def test_anthropic_messages_answer_like_the_chat_endpoint(client, claude):
     u = message.usage
     assert u.input_tokens + u.cache_read_input_tokens == chat.usage.prompt_tokens and u.cache_read_input_tokens > 0
     assert u.output_tokens == chat.usage.completion_tokens
+    counted = claude.messages.count_tokens(model="demo", system="Be brief.",
+                                           messages=[{"role": "user", "content": question}])  # fmt: skip
+    assert counted.input_tokens == chat.usage.prompt_tokens
     short = claude.messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": question}])
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
     stopped = claude.messages.create(model="demo", max_tokens=24, stop_sequences=["capital"], extra_body=GREEDY,
