@@ -118,6 +118,10 @@ def test_a_function_call_and_its_output_round_trip(client):
     answer = client.responses.create(model="demo", input=replay, tools=[WEATHER], temperature=0,
                                      max_output_tokens=48, store=False)  # fmt: skip
     assert answer.status == "completed" and "21" in answer.output_text and "Paris" in answer.output_text
+    # The SDK's own output items passed back as input (OpenAI's documented pattern) say the same.
+    echoed = client.responses.create(model="demo", input=[*ask, *first.output, result], tools=[WEATHER],
+                                     temperature=0, max_output_tokens=48, store=False)  # fmt: skip
+    assert echoed.output_text == answer.output_text
     # ... or continued from the stored first response: the same answer.
     continued = client.responses.create(model="demo", previous_response_id=first.id, input=[result],
                                         tools=[WEATHER], temperature=0, max_output_tokens=48)  # fmt: skip
