@@ -82,7 +82,14 @@ class ResponseBuilder:
         `response.incomplete`)."""
         out = []
         for change in self.items.feed(delta):
-            out += getattr(self, f"_{type(change).__name__.lower()}")(change)
+            if isinstance(change, Opened):
+                out += self._opened(change)
+            elif isinstance(change, Grew):
+                out += self._grew(change)
+            elif isinstance(change, Closed):
+                out += self._closed(change)
+            else:
+                out += self._called(change)
         if delta.final:
             self.last = delta
             response = self.response()
