@@ -19,7 +19,7 @@ class _BodyTooLarge(Exception):
 
 
 class LimitedBodyASGIHandler(ASGIHandler):
-    def too_large_response(self, size: int | None) -> HttpResponse:
+    def too_large_response(self, size: int | None, scope) -> HttpResponse:
         """The 413, in the management API's error shape (the OpenAI gateway overrides it)."""
         return JsonResponse({"detail": too_large(size).message}, status=413)
 
@@ -27,7 +27,7 @@ class LimitedBodyASGIHandler(ASGIHandler):
         limit = settings.MAX_REQUEST_BYTES
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await self.send_response(self.too_large_response(declared), send)
+            await self.send_response(self.too_large_response(declared, scope), send)
             return
         received = 0
 
@@ -42,7 +42,7 @@ class LimitedBodyASGIHandler(ASGIHandler):
         try:
             await super().handle(scope, bounded_receive, send)
         except _BodyTooLarge:  # raised while Django reads the body, before it made a request of it
-            await self.send_response(self.too_large_response(None), send)
+            await self.send_response(self.too_large_response(None, scope), send)
 
 
 def _content_length(scope) -> int | None:

@@ -27,3 +27,24 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class StoredResponse(models.Model):
+    """A /v1/responses answer kept (`store`, the default) so that a later request can continue
+    it by `previous_response_id` and its owner can read or delete it. Only the key's owner
+    sees it; `store: false` keeps nothing."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="stored_responses")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="stored_responses")
+    # The chat messages up to and including this answer, without `instructions` (which a
+    # continuation does not inherit): what a request continuing it is prefixed with.
+    conversation = models.JSONField()
+    response = models.JSONField(help_text="the response object as it was returned")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.id

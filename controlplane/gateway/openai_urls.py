@@ -1,13 +1,18 @@
-"""/v1/*: the OpenAI-compatible API (see openai_views)."""
+"""/v1/*: the OpenAI-compatible API (see openai_views), its Responses API (responses_views) and
+Anthropic's Messages API (anthropic_views)."""
 
 from django.urls import path, re_path
 
-from controlplane.gateway import openai_views
+from controlplane.gateway import anthropic_views, openai_views, responses_views
 
 urlpatterns = [
     path("models", openai_views.list_models, name="openai-models"),
     path("models/<str:model_id>", openai_views.retrieve_model, name="openai-model"),
     path("completions", openai_views.completions, name="openai-completions"),
     path("chat/completions", openai_views.chat_completions, name="openai-chat-completions"),
+    path("responses", responses_views.create_response, name="openai-responses"),
+    path("responses/<str:rid>", responses_views.response_detail, name="openai-response"),
+    path("messages", anthropic_views.messages, name="anthropic-messages"),
+    path("messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
     re_path(r"^(?P<path>.*)$", openai_views.not_found),
 ]

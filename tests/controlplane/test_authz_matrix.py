@@ -42,6 +42,7 @@ from controlplane.config.urls import CONSOLE_PAGES
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.events.models import Event
 from controlplane.events.services import record_event
+from controlplane.gateway.models import StoredResponse
 from controlplane.gateway.services import create_api_key, revoke_api_key
 from controlplane.inventory.services import register_node
 from controlplane.telemetry.history import GROUP as METRICS_GROUP
@@ -136,6 +137,18 @@ ROWS = [
     Row("POST",   "/v1/chat/completions",               (401, 401, 401, 503, 401, 403, 401, 401, 401), CHAT),
     Row("POST",   "/v1/completions",                    (401, 401, 401, 503, 401, 403, 401, 401, 401),
         {"model": "demo", "prompt": "hi", "max_tokens": 4}),
+    # The Responses API: a stored response is its key owner's, whichever of their keys asks (the
+    # seeded one is the user's, whose keys are `key` and `other_key`).
+    Row("POST",   "/v1/responses",                      (401, 401, 401, 503, 401, 403, 401, 401, 401),
+        {"model": "demo", "input": "hi", "max_output_tokens": 4}),
+    Row("GET",    "/v1/responses/{id}",                 (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("DELETE", "/v1/responses/{id}",                 (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    # Anthropic's Messages API: API keys (here as Bearer; x-api-key in tests/controlplane/test_agent_apis.py).
+    Row("POST",   "/v1/messages",                       (401, 401, 401, 503, 401, 403, 401, 401, 401),
+        {"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    # Counting needs the model's tokenizer, which the seeded model's directory does not hold (501).
+    Row("POST",   "/v1/messages/count_tokens",          (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
     # Prometheus: its own token when METRICS_TOKEN is set, open when it is not.
     Row("GET",    "/metrics",                           (401, 401, 401, 401, 401, 401, 401, 401, 200)),
@@ -222,6 +235,7 @@ def seeded(staff, user) -> dict:
     record_event("deployment.created", demo, actor=staff)
     revoked, revoked_secret = create_api_key(name="revoked", owner=user)
     revoke_api_key(revoked)
+    stored = StoredResponse.objects.create(id="resp_seeded", owner=user, conversation=[], response={"id": "x"})
     return {
         "ids": {
             "/api/v1/api-keys/": staffs_key.pk,
@@ -231,6 +245,7 @@ def seeded(staff, user) -> dict:
             "/api/v1/models/": spare.pk,
             "/api/v1/nodes/": node.pk,
             "/api/v1/replicas/": replica.pk,
+            "/v1/responses/": stored.pk,
         },
         "bearer": {
             "user": create_token(user)[1],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -17,9 +17,11 @@ from workers.protocol.replica import AcceptedEvent, DeltaEvent, ReplicaStatus
 
 
 @contextmanager
-def played_replica(client: redis.Redis, replica_id: int, incarnation: str = "played-1") -> Iterator[list[dict]]:
+def played_replica(client: redis.Redis, replica_id: int, incarnation: str = "played-1",
+                   answer: Callable[[str, int], list] | None = None) -> Iterator[list[dict]]:  # fmt: skip
     """Play replica `replica_id` (its row must be ready) until the block ends; yields the list of
-    `generate` messages it has read, in order. `client` decodes responses."""
+    `generate` messages it has read, in order. `client` decodes responses. `answer(request id,
+    prompt tokens)`: the events sent after `accepted` (by default one final token)."""
     stream = protocol.requests_key(replica_id)
     client.delete(stream)
     # A heartbeat an hour ahead: fresh for the whole test without a heartbeat thread.
@@ -40,8 +42,10 @@ def played_replica(client: redis.Redis, replica_id: int, incarnation: str = "pla
                     n, rid, reply = len(message.get("prompt_token_ids") or []), message["id"], message["reply_to"]
                     client.publish(reply, protocol.encode(AcceptedEvent(rid, n).to_wire()))
                     usage = {"prompt_tokens": n, "completion_tokens": 1, "cached_tokens": 0}
-                    client.publish(reply, protocol.encode(DeltaEvent(rid, "ok", [7], finish_reason="length",
-                                                                     usage=usage).to_wire()))  # fmt: skip
+                    events = answer(rid, n) if answer else [DeltaEvent(rid, "ok", [7], finish_reason="length",
+                                                                       usage=usage)]  # fmt: skip
+                    for event in events:
+                        client.publish(reply, protocol.encode(event.to_wire()))
 
     player = threading.Thread(target=play, daemon=True)
     player.start()
