@@ -160,3 +160,28 @@ def test_speculation_defaults_per_method():
     assert SpeculativeConfig.from_dict(chosen).disable_by_batch_size == 6
     with pytest.raises(RequestError, match="unknown keys \\['prompt_lookup_max'\\] for method 'eagle3'"):
         SpeculativeConfig.from_dict({**chosen, "prompt_lookup_max": 3})
+
+
+def test_a_head_that_missed_part_of_the_answer_does_not_draft():
+    """Three requests decode together above the speculation threshold (the head is not fed);
+    when two finish, the third runs alone: its head context would start inside its answer, so
+    it drafts nothing, while the same request alone from the start drafts. Tokens are the plain
+    engine's either way."""
+    from workers.bench.spec import build_workloads
+
+    chats, _ = build_workloads(3, seed=11)
+    tokenizer = plain(DEMO_MODEL, block_size=16).tokenizer
+    prompts = [tokenizer.apply_chat_template(m[:1], tools=t) for m, t in chats["tool_calls"][:3]]
+    lengths = [4, 6, 40]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    want = [o.outputs[0] for o in plain(DEMO_MODEL, block_size=16).generate(prompts, params)]
+
+    together = eagle(DEMO_MODEL, DEMO_DRAFT, block_size=16, spec={"disable_by_batch_size": 1})
+    got = [o.outputs[0] for o in together.generate(prompts, params)]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert together.engine.spec_stats()["num_drafts"] == 0
+
+    alone = eagle(DEMO_MODEL, DEMO_DRAFT, block_size=16, spec={"disable_by_batch_size": 1})
+    got = [o.outputs[0] for o in alone.generate([prompts[2]], params[2])]
+    assert got[0].token_ids == want[2].token_ids
+    assert alone.engine.spec_stats()["num_drafts"] > 0

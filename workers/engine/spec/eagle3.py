@@ -22,7 +22,9 @@ Only attention runs per sequence. The head's context lives per sequence in a pla
 the paged cache: it holds only positions whose target states this engine computed, so a
 prefix-cache hit, a prompt another replica prefilled, or steps too large to speculate (the
 head is not fed then: it would cost a quarter of a 4-layer target step for nothing) start it
-partway. Drafts are then a little worse, never wrong: the target verifies every guess.
+partway. Drafts are then worse, never wrong: the target verifies every guess. A context that
+starts inside the answer (the batch shrank below the speculation threshold mid-answer) drafts
+nothing: measured, its drafts did not pay for their verification.
 """
 
 from __future__ import annotations
@@ -227,10 +229,11 @@ class _KV:
 class _Context:
     """One sequence's head context: K/V of its observed entries, and where it stands."""
 
-    __slots__ = ("kv", "last_state", "next_position", "observed")
+    __slots__ = ("drafts", "kv", "last_state", "next_position", "observed")
 
-    def __init__(self, position: int):
+    def __init__(self, position: int, drafts: bool):
         self.next_position = position  # the position the next observed entry must have
+        self.drafts = drafts  # False: the head missed part of the answer (see Eagle3Drafter.observe)
         self.kv: _KV | None = None
         self.observed = 0  # entries of kv that are observed (after them: a draft run's, scratch)
         self.last_state: torch.Tensor | None = None
@@ -255,7 +258,12 @@ class Eagle3Drafter(Drafter):
         for seq, start, aux_hidden in entries:
             ctx = self.contexts.get(seq)
             if ctx is None or ctx.next_position != start:  # new, recomputed after preemption, or a gap
-                ctx = self.contexts[seq] = _Context(start)
+                # A context that starts inside the answer (the batch was too large to feed the head
+                # until now) lacks the answer's first states: its drafts were accepted at 1.7-2.4
+                # against 3.3-3.7 (bench spec, batch 8), too few to pay for the verify. It drafts
+                # nothing. One that starts inside the prompt (a prefix-cache hit, the decode role)
+                # has seen the whole answer and drafts.
+                ctx = self.contexts[seq] = _Context(start, drafts=start <= seq.num_prompt_tokens)
             following = seq.token_ids[start + 1 : start + 1 + aux_hidden.shape[0]]  # each row's next token
             n = len(following)
             if start + n + self.k > len(self._positions):  # past the head's context: it drafts no more
@@ -293,7 +301,12 @@ class Eagle3Drafter(Drafter):
         active = []
         for i, (seq, limit) in enumerate(zip(seqs, max_tokens, strict=True)):
             ctx = self.contexts.get(seq)
-            if ctx is not None and ctx.last_state is not None and ctx.next_position == seq.num_tokens - 1:
+            if (
+                ctx is not None
+                and ctx.drafts
+                and ctx.last_state is not None
+                and ctx.next_position == seq.num_tokens - 1
+            ):
                 active.append((i, ctx, min(self.k, limit)))
             # else: the head has not seen this sequence's latest state (it drafts from the next step)
         if not active:
