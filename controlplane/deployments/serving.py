@@ -11,6 +11,7 @@ model's deployment) is refused rather than reused. What the operator must fix is
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import urllib.error
@@ -190,6 +191,14 @@ def _describe(r: Replica) -> str:
     return f"replica {r.pk}{where}: {r.state}{stage}"
 
 
+def _milestone(r: Replica) -> tuple:
+    """What a progress line is printed for: a new state, a new loading stage, a quarter more."""
+    progress = r.progress if isinstance(r.progress, dict) and r.state == Replica.State.STARTING else {}
+    fraction = progress.get("fraction")
+    finite = isinstance(fraction, (int, float)) and math.isfinite(fraction)
+    return r.state, progress.get("stage"), int(fraction * 4) if finite else None
+
+
 def _logs_hint(r: Replica) -> str:
     path = settings.STATE_DIR / "logs" / f"replica-{r.pk}.log"
     error = r.last_error.strip().splitlines()[-1] if r.last_error.strip() else ""
@@ -200,16 +209,20 @@ def wait_ready(dep: Deployment, timeout: float, say: Callable[[str], None], ever
     """A ready replica of `dep`, saying what its replicas do meanwhile (each change, and a summary
     every `every` seconds); ServeError when the deployment gives up or `timeout` passes."""
     start = time.monotonic()
-    seen: dict[int, str] = {}
+    seen: dict[int, tuple] = {}
+    placement = ""
     next_summary = start + every
     while True:
         dep.refresh_from_db()
         replicas = list(dep.replica_set.select_related("node").filter(generation=dep.generation).order_by("pk"))
         for r in replicas:
-            line = _describe(r)
-            if seen.get(r.pk) != line:
-                seen[r.pk] = line
-                say(line + (_logs_hint(r) if r.state == Replica.State.FAILED else ""))
+            if seen.get(r.pk) != _milestone(r):  # not every percent of a long load
+                seen[r.pk] = _milestone(r)
+                say(_describe(r) + (_logs_hint(r) if r.state == Replica.State.FAILED else ""))
+        if dep.placement_error != placement:
+            placement = dep.placement_error
+            if placement:
+                say(placement)
         ready = next((r for r in replicas if r.state == Replica.State.READY), None)
         if ready is not None:
             return ready
