@@ -45,8 +45,9 @@ $(STAMP): requirements.txt
 	$(PIP) install -q -r requirements.txt
 	@touch $(STAMP)
 
+# `make run MODEL=/path/to/hf-dir [NAME=name]` serves that model directory instead of the demo.
 run: setup
-	$(PY) -m scripts.run
+	$(PY) -m scripts.run $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)")
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,8 +1,9 @@
 """`make run`'s set-up, in one Django start-up: migrate; the admin user, its password and an API
 key, kept from the previous run while they still work; a management-API token for run.py's own
-polling; the demo model and the `demo` deployment.
+polling; the demo model and the `demo` deployment (not with `--serve NAME`: make run MODEL=...
+serves that deployment instead).
 
-`python -m scripts.bootstrap` reads what the previous run wrote to run.json (a JSON object, or
+`python -m scripts.bootstrap [--serve NAME]` reads what the previous run wrote to run.json (a JSON object, or
 `null` when there is none) on stdin, so no secret is on a command line, and prints one JSON
 line: the credentials to use and `notes`, what it changed that the operator should know.
 """
@@ -43,16 +44,16 @@ def ensure_admin(previous: dict | None) -> tuple[object, str | None, list[str]]:
     return user, password, notes
 
 
-def ensure_api_key(user, previous: dict | None) -> tuple[str, list[str]]:
-    """The API key in run.json if the gateway still accepts it for the demo deployment; else a
-    new one. A key is never revoked here: an application may be using it."""
+def ensure_api_key(user, previous: dict | None, deployment: str = "demo") -> tuple[str, list[str]]:
+    """The API key in run.json if the gateway still accepts it for `deployment` (the one make
+    run serves); else a new one. A key is never revoked here: an application may be using it."""
     from controlplane.gateway.services import authenticate, create_api_key
 
     remembered = (previous or {}).get("api_key")
     if remembered:
         key = authenticate(remembered)
         allowed = key is not None and (
-            not key.allowed_deployments.exists() or key.allowed_deployments.filter(slug="demo").exists()
+            not key.allowed_deployments.exists() or key.allowed_deployments.filter(slug=deployment).exists()
         )
         if allowed:
             return remembered, []
@@ -133,12 +134,15 @@ def ensure_demo(user, draft_dir=None) -> list[str]:
     return notes
 
 
-def bootstrap(previous: dict | None) -> dict:
+def bootstrap(previous: dict | None, serve: str | None = None) -> dict:
+    """`serve`: the deployment make run serves instead of the demo (`make run MODEL=...`, which
+    deploys it next, through `manage.py serve_model`); the demo is then left as it is."""
     from controlplane.common.services import create_token, revoke_tokens
 
     user, password, notes = ensure_admin(previous)
-    api_key, key_notes = ensure_api_key(user, previous)
-    notes += ensure_demo(user)
+    api_key, key_notes = ensure_api_key(user, previous, serve or "demo")
+    if serve is None:
+        notes += ensure_demo(user)
     # run.py's own token for polling the API; only its hash is kept, so a fresh one each run
     # (tokens the operator made with create_token have other names and are left alone).
     revoke_tokens(user, name=KEY_NAME)
@@ -153,9 +157,10 @@ def main() -> int:
     django.setup()
     from django.core.management import call_command
 
+    serve = sys.argv[sys.argv.index("--serve") + 1] if "--serve" in sys.argv else None
     previous = json.loads(sys.stdin.read() or "null")
     call_command("migrate", "--noinput", verbosity=0)
-    print(json.dumps(bootstrap(previous if isinstance(previous, dict) else None)))
+    print(json.dumps(bootstrap(previous if isinstance(previous, dict) else None, serve)))
     return 0
 
 

@@ -7,10 +7,17 @@ as `demo`, and says Switchyard is running only once the demo replica has answere
 completion through the gateway with the API key. The admin user, its
 password and the API key are kept in .switchyard/run.json (mode 0600) and reused by the next
 run while they still work. Ctrl-C (or SIGTERM) stops everything it started.
+
+`make run MODEL=/path/to/hf-dir` (`--model DIR`) serves that directory instead of the demo: the
+stack starts as usual (the directory added to MODEL_ROOTS for the processes it starts), then
+`manage.py serve_model DIR` registers and deploys it under the directory's name (or NAME=) and
+waits until it answers; the demo is neither created nor started (a demo deployment an earlier
+run made keeps its state), so that the model the operator asked for has the devices.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import json
@@ -31,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
+from controlplane.deployments.how_to_call import deployment_name, instructions
 from workers.state_dir import make_private
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,12 +292,14 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def bootstrap(previous: dict | None, log_path: Path) -> tuple[dict | None, str]:
-    """Run scripts.bootstrap (migrate, admin, API key, token, demo) with the previous run's
-    credentials on stdin; (its result, "") or (None, what went wrong)."""
+def bootstrap(previous: dict | None, log_path: Path, serve: str | None = None) -> tuple[dict | None, str]:
+    """Run scripts.bootstrap (migrate, admin, API key, token, demo unless `serve` names the
+    deployment served instead) with the previous run's credentials on stdin; (its result, "") or
+    (None, what went wrong)."""
+    args = [PY, "-m", "scripts.bootstrap", *(["--serve", serve] if serve else [])]
     with log_path.open("a") as err:
-        done = subprocess.run([PY, "-m", "scripts.bootstrap"], cwd=ROOT, input=json.dumps(previous),
-                              stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        done = subprocess.run(args, cwd=ROOT, input=json.dumps(previous), stdout=subprocess.PIPE, stderr=err,
+                              text=True)  # fmt: skip
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
@@ -357,7 +367,62 @@ def replica_summary(url: str, token: str, logs_dir: Path) -> str:
     return "; ".join(parts) or "no replica was created (see the deployment's placement_error)"
 
 
-def main() -> int:
+@dataclass
+class OwnModel:
+    """`--model DIR`: the directory make run serves instead of the demo, and its deployment."""
+
+    directory: Path
+    name: str
+
+
+def own_model(directory: str | None, name: str | None) -> OwnModel | str | None:
+    """The model to serve, or what is wrong with the arguments (the directory's files are
+    checked by serve_model, with the control plane's own checks)."""
+    if directory is None:
+        return None
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        return f"MODEL={directory}: no such directory"
+    path = path.resolve()
+    return OwnModel(path, name or deployment_name(path))
+
+
+def allow_model_root(directory: Path) -> None:
+    """The directory the operator named on the command line may be registered: added to the
+    MODEL_ROOTS every process started from here reads (settings.py's defaults kept)."""
+    roots = os.environ.get("MODEL_ROOTS") or f"{ROOT / 'workers' / 'demo'},{STATE / 'models'}"
+    if str(directory) not in roots.split(","):
+        os.environ["MODEL_ROOTS"] = f"{roots},{directory}"
+
+
+def serve_model(model: OwnModel, url: str, timeout: float, sup: Supervisor) -> int:
+    """`manage.py serve_model` for `model`, its progress shown as it goes, supervising meanwhile;
+    its exit code. Stopped with make run (its own process group, like the services)."""
+    args = [PY, "manage.py", "serve_model", str(model.directory), "--name", model.name, "--wait-timeout",
+            f"{timeout:g}", "--url", url, "--no-instructions"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=_die_with_parent)
+    try:
+        wait(lambda: proc.poll() is not None, timeout + 120, sup, interval=0.2)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", metavar="DIR", help="serve this Hugging Face model directory instead of the demo")
+    parser.add_argument("--name", help="its deployment's name (default: the directory's name)")
+    args = parser.parse_args(argv)
+    model = own_model(args.model, args.name)
+    if isinstance(model, str):
+        log(f"FAILED: {model}")
+        return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.config.settings")
     # Owner-only state directory, and a 077 umask inherited by every process started below.
     make_private(STATE)
@@ -373,8 +438,10 @@ def main() -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    if model is not None:
+        allow_model_root(model.directory)
     try:
-        return run(sup, started)
+        return run(sup, started, model)
     except Stopping:
         return 0
     finally:
@@ -391,7 +458,7 @@ def main() -> int:
         log("stopped")
 
 
-def run(sup: Supervisor, started: datetime) -> int:
+def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> int:
     port = int(os.environ.get("PORT", "8000"))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     node = os.environ.get("SWITCHYARD_NODE") or socket.gethostname().split(".")[0]
@@ -409,7 +476,7 @@ def run(sup: Supervisor, started: datetime) -> int:
         return failed(problem)
     log("applying migrations, checking the admin user and API key")
     previous = read_previous(run_file)
-    creds, problem = bootstrap(previous, logs_dir / "bootstrap.log")
+    creds, problem = bootstrap(previous, logs_dir / "bootstrap.log", model.name if model else None)
     if creds is None:
         return failed(problem)
     url = f"http://127.0.0.1:{port}/"
@@ -417,7 +484,8 @@ def run(sup: Supervisor, started: datetime) -> int:
     # Written before anything can fail, so that a new key is never lost. A password the operator
     # changed (None) leaves run.json's as it was: a later run then still knows not to reset it.
     kept = password if password is not None else (previous or {}).get("admin_password")
-    info = {"url": url, "admin_user": user, "admin_password": kept, "api_key": api_key, "model": "demo"}
+    info = {"url": url, "admin_user": user, "admin_password": kept, "api_key": api_key,
+            "model": model.name if model else "demo"}  # fmt: skip
     write_private(run_file, json.dumps(info, indent=2))
     for note in creds["notes"]:
         log(note)
@@ -448,6 +516,13 @@ def run(sup: Supervisor, started: datetime) -> int:
             f"{logs_dir / 'agent.log'} and {logs_dir / 'control.log'}"
         )
     log(f"node agent {node}: online (heartbeat {beat})")
+    if model is not None:
+        log(f"serving {model.directory} as {model.name!r} (manage.py serve_model)")
+        code = serve_model(model, url, serve_timeout, sup)
+        if code != 0:
+            return failed(f"serving {model.directory} did not succeed (serve_model exit {code}; its error is above)")
+        print_running(url, user, password, api_key, run_file, logs_dir, instructions(url, api_key, model.name))
+        return forever(sup)
     log("waiting for the demo replica to answer a chat completion")
     attempt = {"last": "", "next_report": time.monotonic() + 30}
     probe = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
@@ -474,6 +549,15 @@ def run(sup: Supervisor, started: datetime) -> int:
             f"the demo deployment did not answer a chat completion within {serve_timeout:g} s (last answer "
             f"{attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}"
         )
+    demo = f"""Try the demo model:
+  curl {url}v1/chat/completions -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "demo", "messages": [{{"role": "user", "content": "What is the capital of Japan?"}}]}}'"""
+    print_running(url, user, password, api_key, run_file, logs_dir, demo)
+    return forever(sup)
+
+
+def print_running(url: str, user: str, password: str | None, api_key: str, run_file: Path, logs_dir: Path,
+                  how_to_call: str) -> None:  # fmt: skip
     # create_token must find this run's database: the same state directory (or DATABASE_URL)
     state_env = "".join(f"{name}={shlex.quote(os.environ[name])} " for name in ("SWITCHYARD_STATE_DIR", "DATABASE_URL")
                         if os.environ.get(name))  # fmt: skip
@@ -487,12 +571,13 @@ Switchyard is running.
   management API: TOKEN=$({state_env}.venv/bin/python manage.py create_token {user})
                   curl -H "Authorization: Bearer $TOKEN" {url}api/v1/nodes/
   written to    : {run_file}
-Try the demo model:
-  curl {url}v1/chat/completions -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "demo", "messages": [{{"role": "user", "content": "What is the capital of Japan?"}}]}}'
+{how_to_call}
 A process that dies is restarted (see the logs in {logs_dir}). Press Ctrl-C to stop everything.""",
         flush=True,
     )
+
+
+def forever(sup: Supervisor) -> int:
     while True:
         sup.tick()
         time.sleep(0.5)

@@ -51,6 +51,25 @@ def test_a_key_limited_to_other_deployments_is_not_reused(model_dir):
     assert authenticate(limited) is not None  # still the application's: never revoked here
 
 
+def test_make_run_model_deploys_no_demo_and_checks_the_key_for_its_own_deployment(model_dir):
+    """`make run MODEL=...` (bootstrap --serve NAME): the demo is neither registered nor deployed,
+    and run.json's key is kept only if it may call NAME (serve_model deploys it next)."""
+    from controlplane.catalog.models import Model
+    from controlplane.catalog.services import register_model
+    from controlplane.deployments.models import Deployment
+    from controlplane.deployments.services import create_deployment
+    from scripts.bootstrap import bootstrap
+
+    first = bootstrap(None, serve="mine")
+    assert not Model.objects.exists() and not Deployment.objects.exists()
+    assert authenticate(first["api_key"]) is not None
+    demo = create_deployment({"slug": "demo", "model": register_model(name="m", source=str(model_dir))})
+    _, demo_only = create_api_key(name="app", owner=get_user_model().objects.get(), allowed_deployments=[demo])
+    again = bootstrap({**first, "api_key": demo_only}, serve="mine")
+    assert again["api_key"] != demo_only and again["notes"][0].startswith("ROTATED")
+    assert Deployment.objects.get().desired_state == "running" and Model.objects.count() == 1
+
+
 def test_a_password_the_operator_changed_is_left_alone():
     first = _first_run()
     user = get_user_model().objects.get(username="admin")

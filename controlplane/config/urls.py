@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.common.views import healthz, read_only, static, version
 from controlplane.console import views as console
+from controlplane.gateway import tokenize_views
 from controlplane.telemetry.views import metrics
 
 api_v1 = [
@@ -34,6 +35,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("v1/", include("controlplane.gateway.openai_urls")),
+    # vLLM serves these outside /v1 (and so here too; /v1/tokenize is the same view).
+    path("tokenize", tokenize_views.tokenize, name="tokenize"),
+    path("detokenize", tokenize_views.detokenize, name="detokenize"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api-auth/", include("rest_framework.urls")),

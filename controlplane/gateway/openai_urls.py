@@ -1,9 +1,10 @@
-"""/v1/*: the OpenAI-compatible API (see openai_views), its Responses API (responses_views) and
-Anthropic's Messages API (anthropic_views)."""
+"""/v1/*: the OpenAI-compatible API (see openai_views), its Responses API (responses_views),
+Anthropic's Messages API (anthropic_views) and vLLM's tokenize/detokenize (tokenize_views, also at
+/tokenize and /detokenize, where vLLM serves them)."""
 
 from django.urls import path, re_path
 
-from controlplane.gateway import anthropic_views, openai_views, responses_views
+from controlplane.gateway import anthropic_views, openai_views, responses_views, tokenize_views
 
 urlpatterns = [
     path("models", openai_views.list_models, name="openai-models"),
@@ -14,5 +15,7 @@ urlpatterns = [
     path("responses/<str:rid>", responses_views.response_detail, name="openai-response"),
     path("messages", anthropic_views.messages, name="anthropic-messages"),
     path("messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
+    path("tokenize", tokenize_views.tokenize, name="openai-tokenize"),
+    path("detokenize", tokenize_views.detokenize, name="openai-detokenize"),
     re_path(r"^(?P<path>.*)$", openai_views.not_found),
 ]

@@ -149,6 +149,16 @@ ROWS = [
     # Counting needs the model's tokenizer, which the seeded model's directory does not hold (501).
     Row("POST",   "/v1/messages/count_tokens",          (401, 401, 401, 501, 401, 403, 401, 401, 401),
         {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
+    # vLLM's tokenize and detokenize, at its paths and under /v1: the seeded model's tokenizer
+    # is not on this machine (501), as for count_tokens.
+    Row("POST",   "/tokenize",                          (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "prompt": "hi"}),
+    Row("POST",   "/v1/tokenize",                       (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}),
+    Row("POST",   "/detokenize",                        (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "tokens": [1, 2]}),
+    Row("POST",   "/v1/detokenize",                     (401, 401, 401, 501, 401, 403, 401, 401, 401),
+        {"model": "demo", "tokens": [1, 2]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
     # Prometheus: its own token when METRICS_TOKEN is set, open when it is not.
     Row("GET",    "/metrics",                           (401, 401, 401, 401, 401, 401, 401, 401, 200)),

@@ -74,7 +74,7 @@ def test_every_console_route_gets_the_console(browser):
             assert "csrftoken" in response.cookies  # the console's login form sends it back
 
 
-@pytest.mark.parametrize("path", ["/healthy", "/version/x", "/tokenize", "/detokenize", "/pooling", "/v2/models",
+@pytest.mark.parametrize("path", ["/healthy", "/version/x", "/tokenize/x", "/score", "/pooling", "/v2/models",
                                   "/deployments/demo/replicas", "/assets", "/v1/nope", "/ws/generate/"])  # fmt: skip
 def test_unknown_top_level_paths_are_openai_shaped_json_404(browser, path):
     assert openai_error(browser.get(path), 404)["code"] == "unknown_url"
@@ -92,7 +92,7 @@ def test_a_missing_slash_on_the_management_api_still_redirects(browser):
     assert response.status_code == 301 and response["Location"] == "/api/v1/models/"
 
 
-@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/nope"])
+@pytest.mark.parametrize("path", ["/score", "/rerank", "/nope"])  # vLLM's /tokenize is served: test_tokenize_api
 def test_a_post_to_an_unknown_path_is_json_404_not_a_csrf_page(browser, path):
     response = browser.post(path, '{"prompt": "hi"}', content_type="application/json")
     assert openai_error(response, 404)["code"] == "unknown_url"

@@ -35,9 +35,9 @@ RUNNING_WITHIN = 180
 class MakeRun:
     """One `python -m scripts.run`, its output collected line by line."""
 
-    def __init__(self, env: dict, state_dir: Path):
+    def __init__(self, env: dict, state_dir: Path, args: tuple[str, ...] = ()):
         self.state_dir = state_dir
-        self.proc = subprocess.Popen([sys.executable, "-m", "scripts.run"], cwd=ROOT, env=env, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "scripts.run", *args], cwd=ROOT, env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         self.lines: list[str] = []
         self.changed = threading.Condition()

@@ -82,6 +82,11 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_strs(self, ids: list[int]) -> list[str | None]:
+        """Each id's token as the vocabulary spells it (byte-level BPE: `Ġ` for a space), as
+        transformers' convert_ids_to_tokens; None for an id outside the vocabulary."""
+        return [self._tok.id_to_token(i) for i in ids]
+
     # -- chat templates -----------------------------------------------------------------------
     def render_chat(
         self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True, **extra
