@@ -136,12 +136,55 @@ def test_a_new_session_skips_replicas_holding_their_share_of_sessions_but_a_boun
     cands = [Candidate(rid, 0, 100) for rid in IDS]
     plan = routing.plan(routing.SESSION, cands, session="s")
     held = [3 if c.replica_id == order[0] else 0 for c in plan.candidates]  # cap ceil(1.25 * 4 / 4) = 2
-    assert routing.session_cap(held, 1.25) == 2
+    assert routing.share_cap(held, 1.25) == 2
     assert plan.candidates[routing.pick(plan, [0] * 4, sessions=held)].replica_id == order[1]
     bound = routing.plan(routing.SESSION, cands, session="s", bound_to=order[0])
     assert bound.candidates[routing.pick(bound, [0] * 4, bound_to=order[0], sessions=held)].replica_id == order[0]
     # every replica at the session cap: the load bound alone decides (the ring's first)
     full = [5] * 4
-    assert routing.session_cap(full, 1.0) == 6 and routing.session_cap(full, 0.5) == 3
+    assert routing.share_cap(full, 1.0) == 6 and routing.share_cap(full, 0.5) == 3
     half = routing.plan(routing.SESSION, cands, session="s", load_factor=0.5)
     assert half.candidates[routing.pick(half, [0] * 4, sessions=full)].replica_id == order[0]
+
+
+def test_a_block_is_a_shared_prefix_once_two_earlier_prompts_cached_prefixes_ended_there():
+    assert routing.SHARED_PREFIX_PROMPTS == 2
+    assert [routing.shared_prefix(40, earlier) for earlier in (0, 1, 2, 9)] == [0, 0, 40, 40]
+    assert routing.shared_prefix(0, 5) == 0
+
+
+def test_a_keyless_prompt_is_a_new_conversation_when_nothing_past_a_shared_prefix_is_cached():
+    def kv(held: list[int], shared: int, blocks: int = 60, **kw) -> routing.Plan:
+        cands = [Candidate(rid, 0, 100, h) for rid, h in zip(IDS, held, strict=False)]
+        return routing.plan(kw.pop("policy", routing.KV_AWARE), cands, prompt_blocks=blocks, shared_blocks=shared,
+                            **kw)  # fmt: skip
+
+    new = kv([40, 0, 0, 0], shared=40)  # only the system prompt is cached, on one replica
+    assert (new.fresh, new.recent, new.reason) == (True, True, "kv_aware;new_conversation")
+    assert kv([0, 0, 0, 0], shared=0).fresh  # nothing cached anywhere
+    assert kv([40, 40, 40, 0], shared=40).fresh  # on several: the same
+    continued = kv([40, 55, 0, 0], shared=40)  # its own context past the shared prefix
+    assert (continued.fresh, continued.reason) == (False, "kv_aware")
+    assert not kv([40, 0, 0, 0], shared=0).fresh  # not (yet) known shared: it follows its prefix
+    assert not kv([60, 0, 0, 0], shared=60).fresh  # an identical prompt repeated: nothing past it
+    keyed = kv([40, 0, 0, 0], shared=40, policy=routing.SESSION_KV_AWARE, session="s")
+    assert not keyed.fresh and keyed.reason == "session_kv_aware"  # a key is counted as a session
+    assert kv([40, 0, 0, 0], shared=40, policy=routing.SESSION_KV_AWARE).fresh  # ... no key: kv_aware
+    bound = routing.plan(routing.SESSION_KV_AWARE, idle(), session="s", bound_to=IDS[0], prompt_blocks=9)
+    assert bound.recent and not bound.fresh  # a bound key's request counts among the recent ones
+    assert not routing.plan(routing.SESSION, idle(), session="s", prompt_blocks=9).recent
+
+
+def test_a_new_conversation_skips_replicas_sent_their_share_but_a_continued_turn_follows_its_prefix():
+    recent = [6, 1, 1, 0]  # the replica holding the system prompt was sent 6 of 8: cap ceil(1.25 * 9 / 4) = 3
+    assert routing.share_cap(recent, 1.25) == 3
+    cands = [Candidate(rid, 0, 100, 40 if rid == IDS[0] else 0) for rid in IDS]
+    new = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=40)
+    # 40 blocks cheaper on IDS[0], but it is over its share: the cheapest eligible (idle, ties to the first)
+    assert new.candidates[routing.pick(new, [0] * 4, recent=recent)].replica_id == IDS[1]
+    assert new.candidates[routing.pick(new, [0] * 4, recent=[1, 1, 1, 0])].replica_id == IDS[0]
+    mine = [Candidate(rid, 0, 100, 55 if rid == IDS[0] else 0) for rid in IDS]
+    turn = routing.plan(routing.KV_AWARE, mine, prompt_blocks=60, shared_blocks=0)
+    assert turn.candidates[routing.pick(turn, [0] * 4, recent=recent)].replica_id == IDS[0]
+    # every replica at its share: the load bound alone decides
+    assert new.candidates[routing.pick(new, [0] * 4, recent=[3] * 4)].replica_id == IDS[0]
