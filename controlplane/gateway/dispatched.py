@@ -39,12 +39,12 @@ REFRESH_SECONDS = 10
 # candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
 # session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets. ARGV: request
 # id, ttl, load weight, load factor (0: no bound), has affinity, affinity ttl, the minimum cap,
-# recent (0: not counted, 1: counted, 2: counted and bounded: a new keyless conversation), the
+# recent (0: not counted, 1: counted, 2: counted and first: a new keyless conversation), the
 # recent window, then per candidate its replica id, reported load, free KV blocks and base cost.
 # Drops expired entries; a bound session's replica wins while under the load cap, else the
 # lowest base + weight * load among those under it (a session placed anew: and under the
-# session cap, a new keyless conversation: under the recent cap, unless none is; ties: most
-# free KV blocks, then the first); adds the request to it (and to its recent set) and
+# session cap, unless none is; a new keyless conversation: the fewest recent requests first;
+# ties: most free KV blocks, then the first); adds the request to it (and to its recent set) and
 # (re)binds the session, moving it between session sets. Returns {index (0-based), 1 if the
 # binding was kept, the candidates' loads...}.
 _PICK = """
@@ -76,7 +76,7 @@ local function share_cap(counts)
   return math.ceil(factor * (sum + 1) / n)
 end
 local best, kept, bound = nil, 0, nil
-local counted, ccap = nil, math.huge
+local counted, ccap, recent = nil, math.huge, {}
 if has_affinity then
   bound = redis.call('GET', KEYS[2 * n + 1])
   for i = 1, n do
@@ -89,22 +89,23 @@ if has_affinity then
   end
   ccap = share_cap(counted)
 end
+for i = 1, n do recent[i] = 0 end
 if recent_mode > 0 then
-  local recent = {}
   for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[rbase + i], '-inf', now)
-    recent[i] = redis.call('ZCARD', KEYS[rbase + i])
+    if recent_mode == 2 then recent[i] = redis.call('ZCARD', KEYS[rbase + i]) end
   end
-  if recent_mode == 2 and not has_affinity then counted, ccap = recent, share_cap(recent) end
 end
 local function cheapest(use_ccap)
-  local weight, choice, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil
+  local weight, choice, best_first, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil, nil
   for i = 1, n do
     if loads[i] < cap and (not use_ccap or counted[i] < ccap) then
+      local first = recent[i]
       local cost = tonumber(ARGV[9 + 4 * i]) + weight * loads[i]
       local free = tonumber(ARGV[8 + 4 * i])
-      if choice == nil or cost < best_cost or (cost == best_cost and free > best_free) then
-        choice, best_cost, best_free = i, cost, free
+      if choice == nil or first < best_first or (first == best_first and (cost < best_cost
+          or (cost == best_cost and free > best_free))) then
+        choice, best_first, best_cost, best_free = i, first, cost, free
       end
     end
   end

@@ -175,16 +175,15 @@ def test_a_keyless_prompt_is_a_new_conversation_when_nothing_past_a_shared_prefi
     assert not routing.plan(routing.SESSION, idle(), session="s", prompt_blocks=9).recent
 
 
-def test_a_new_conversation_skips_replicas_sent_their_share_but_a_continued_turn_follows_its_prefix():
-    recent = [6, 1, 1, 0]  # the replica holding the system prompt was sent 6 of 8: cap ceil(1.25 * 9 / 4) = 3
-    assert routing.share_cap(recent, 1.25) == 3
+def test_a_new_conversation_goes_where_the_fewest_requests_went_but_a_continued_turn_follows_its_prefix():
+    recent = [6, 1, 2, 0]  # requests sent to each lately; IDS[0] holds the system prompt
     cands = [Candidate(rid, 0, 100, 40 if rid == IDS[0] else 0) for rid in IDS]
     new = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=40)
-    # 40 blocks cheaper on IDS[0], but it is over its share: the cheapest eligible (idle, ties to the first)
-    assert new.candidates[routing.pick(new, [0] * 4, recent=recent)].replica_id == IDS[1]
-    assert new.candidates[routing.pick(new, [0] * 4, recent=[1, 1, 1, 0])].replica_id == IDS[0]
+    # 40 blocks cheaper on IDS[0], and under any ceil(c * mean) cap on 1, 2 or 6: the fewest still win
+    assert new.candidates[routing.pick(new, [0] * 4, recent=recent)].replica_id == IDS[3]
+    assert new.candidates[routing.pick(new, [0] * 4, recent=[1, 1, 1, 1])].replica_id == IDS[0]  # then the cost
+    # ... among the replicas under the load bound: IDS[3] with 5 in flight (cap max(ceil(1.25 * 6 / 4), 4) = 4)
+    assert new.candidates[routing.pick(new, [0, 0, 0, 5], recent=recent)].replica_id == IDS[1]
     mine = [Candidate(rid, 0, 100, 55 if rid == IDS[0] else 0) for rid in IDS]
     turn = routing.plan(routing.KV_AWARE, mine, prompt_blocks=60, shared_blocks=0)
     assert turn.candidates[routing.pick(turn, [0] * 4, recent=recent)].replica_id == IDS[0]
-    # every replica at its share: the load bound alone decides
-    assert new.candidates[routing.pick(new, [0] * 4, recent=[3] * 4)].replica_id == IDS[0]
