@@ -69,7 +69,7 @@ end
 local factor = tonumber(ARGV[4])
 local cap = math.huge
 if factor > 0 then cap = math.max(math.ceil(factor * (total + 1) / n), tonumber(ARGV[7])) end
-local function share_cap(counts)
+local function session_cap(counts)
   if factor <= 0 then return math.huge end
   local sum = 0
   for i = 1, n do sum = sum + counts[i] end
@@ -87,7 +87,7 @@ if has_affinity then
     redis.call('ZREMRANGEBYSCORE', KEYS[n + i], '-inf', now)
     counted[i] = redis.call('ZCARD', KEYS[n + i])
   end
-  ccap = share_cap(counted)
+  ccap = session_cap(counted)
 end
 for i = 1, n do recent[i] = 0 end
 if recent_mode > 0 then

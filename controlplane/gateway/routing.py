@@ -150,12 +150,12 @@ def load_cap(loads: list[int], factor: float) -> float:
     return max(math.ceil(factor * (sum(loads) + 1) / len(loads)), MIN_LOAD_CAP)
 
 
-def share_cap(counts: list[int], factor: float) -> float:
-    """⌈c·(Σcounts + 1)/n⌉: the live session bindings a replica must stay under to take a new
+def session_cap(sessions: list[int], factor: float) -> float:
+    """⌈c·(Σsessions + 1)/n⌉: the live session bindings a replica must stay under to take a new
     key (no floor: with a few sessions it spreads them one by one)."""
-    if factor <= 0 or not counts:
+    if factor <= 0 or not sessions:
         return math.inf
-    return math.ceil(factor * (sum(counts) + 1) / len(counts))
+    return math.ceil(factor * (sum(sessions) + 1) / len(sessions))
 
 
 def shared_prefix(best_blocks: int, earlier_prompts: int) -> int:
@@ -180,7 +180,7 @@ def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, session
             return i
     eligible = [i for i, load in enumerate(loads) if load < cap]
     if plan.session is not None and sessions is not None:
-        scap = share_cap(sessions, plan.load_factor)
+        scap = session_cap(sessions, plan.load_factor)
         eligible = [i for i in eligible if sessions[i] < scap] or eligible
     first = recent if plan.fresh and recent is not None else [0] * len(loads)
     return min(

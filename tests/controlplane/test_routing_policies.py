@@ -137,13 +137,13 @@ def test_a_new_session_skips_replicas_holding_their_share_of_sessions_but_a_boun
     cands = [Candidate(rid, 0, 100) for rid in IDS]
     plan = routing.plan(routing.SESSION, cands, session="s")
     held = [3 if c.replica_id == order[0] else 0 for c in plan.candidates]  # cap ceil(1.25 * 4 / 4) = 2
-    assert routing.share_cap(held, 1.25) == 2
+    assert routing.session_cap(held, 1.25) == 2
     assert plan.candidates[routing.pick(plan, [0] * 4, sessions=held)].replica_id == order[1]
     bound = routing.plan(routing.SESSION, cands, session="s", bound_to=order[0])
     assert bound.candidates[routing.pick(bound, [0] * 4, bound_to=order[0], sessions=held)].replica_id == order[0]
     # every replica at the session cap: the load bound alone decides (the ring's first)
     full = [5] * 4
-    assert routing.share_cap(full, 1.0) == 6 and routing.share_cap(full, 0.5) == 3
+    assert routing.session_cap(full, 1.0) == 6 and routing.session_cap(full, 0.5) == 3
     half = routing.plan(routing.SESSION, cands, session="s", load_factor=0.5)
     assert half.candidates[routing.pick(half, [0] * 4, sessions=full)].replica_id == order[0]
 
