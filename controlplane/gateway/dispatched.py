@@ -15,7 +15,9 @@ dispatched a request removes its entry when the request ends in any way (finishe
 aborted by the client, its replica gone) and pushes the expiry of its open requests forward
 every REFRESH_SECONDS; the entries of a web process that died expire within TTL_SECONDS. A
 sorted set `switchyard:replica:<id>:sessions` holds the session keys bound to the replica,
-scored by when each binding expires (the session bound of `routing.pick`).
+scored by when each binding expires (the session bound of `routing.pick`), and
+`switchyard:replica:<id>:recent` the requests a KV-aware policy sent it, each for
+`routing.RECENT_SECONDS` (the bound on new keyless conversations).
 """
 
 from __future__ import annotations
@@ -35,66 +37,94 @@ REFRESH_SECONDS = 10
 
 # The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
 # candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
-# session's affinity key. ARGV: request id, ttl, load weight, load factor (0: no bound), has
-# affinity, affinity ttl, the minimum cap, then per candidate its replica id, reported load, free
-# KV blocks and base cost. Drops expired entries; a bound session's replica wins while under the
-# load cap, else the lowest base + weight * load among those under it (a session placed anew:
-# and under the session cap, unless none is; ties: most free KV blocks, then the first); adds
-# the request to it and (re)binds the session, moving it between session sets. Returns {index
-# (0-based), 1 if the binding was kept, the candidates' loads...}.
+# session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets. ARGV: request
+# id, ttl, load weight, load factor (0: no bound), has affinity, affinity ttl, the minimum cap,
+# recent (0: not counted, 1: counted, 2: counted and first: a new keyless conversation), the
+# recent window, then per candidate its replica id, reported load, free KV blocks and base cost.
+# Drops expired entries; a bound session's replica wins while under the load cap, else the
+# lowest base + weight * load among those under it (a session placed anew: and under the
+# session cap, unless none is; a new keyless conversation: the fewest recent requests first;
+# ties: most free KV blocks, then the first); adds the request to it (and to its recent set) and
+# (re)binds the session, moving it between session sets. Returns {index (0-based), 1 if the
+# binding was kept, the candidates' loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local has_affinity = ARGV[5] == '1'
+local recent_mode = tonumber(ARGV[8])
 local n = #KEYS
-if has_affinity then n = (n - 1) / 2 end
+if has_affinity then n = n - 1 end
+local sets = 1
+if has_affinity then sets = sets + 1 end
+if recent_mode > 0 then sets = sets + 1 end
+n = n / sets
+local rbase = n
+if has_affinity then rbase = 2 * n + 1 end
 local loads, total = {}, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  loads[i] = math.max(tonumber(ARGV[5 + 4 * i]), redis.call('ZCARD', KEYS[i]))
+  loads[i] = math.max(tonumber(ARGV[7 + 4 * i]), redis.call('ZCARD', KEYS[i]))
   total = total + loads[i]
 end
 local factor = tonumber(ARGV[4])
 local cap = math.huge
 if factor > 0 then cap = math.max(math.ceil(factor * (total + 1) / n), tonumber(ARGV[7])) end
+local function session_cap(counts)
+  if factor <= 0 then return math.huge end
+  local sum = 0
+  for i = 1, n do sum = sum + counts[i] end
+  return math.ceil(factor * (sum + 1) / n)
+end
 local best, kept, bound = nil, 0, nil
-local sessions, scap = {}, math.huge
+local counted, ccap, recent = nil, math.huge, {}
 if has_affinity then
   bound = redis.call('GET', KEYS[2 * n + 1])
   for i = 1, n do
-    if bound == ARGV[4 + 4 * i] and loads[i] < cap then best, kept = i, 1 end
+    if bound == ARGV[6 + 4 * i] and loads[i] < cap then best, kept = i, 1 end
   end
-  local stotal = 0
+  counted = {}
   for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[n + i], '-inf', now)
-    sessions[i] = redis.call('ZCARD', KEYS[n + i])
-    stotal = stotal + sessions[i]
+    counted[i] = redis.call('ZCARD', KEYS[n + i])
   end
-  if factor > 0 then scap = math.ceil(factor * (stotal + 1) / n) end
+  ccap = session_cap(counted)
 end
-local function cheapest(use_scap)
-  local weight, choice, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil
+for i = 1, n do recent[i] = 0 end
+if recent_mode > 0 then
   for i = 1, n do
-    if loads[i] < cap and (not use_scap or sessions[i] < scap) then
-      local cost = tonumber(ARGV[7 + 4 * i]) + weight * loads[i]
-      local free = tonumber(ARGV[6 + 4 * i])
-      if choice == nil or cost < best_cost or (cost == best_cost and free > best_free) then
-        choice, best_cost, best_free = i, cost, free
+    redis.call('ZREMRANGEBYSCORE', KEYS[rbase + i], '-inf', now)
+    if recent_mode == 2 then recent[i] = redis.call('ZCARD', KEYS[rbase + i]) end
+  end
+end
+local function cheapest(use_ccap)
+  local weight, choice, best_first, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil, nil
+  for i = 1, n do
+    if loads[i] < cap and (not use_ccap or counted[i] < ccap) then
+      local first = recent[i]
+      local cost = tonumber(ARGV[9 + 4 * i]) + weight * loads[i]
+      local free = tonumber(ARGV[8 + 4 * i])
+      if choice == nil or first < best_first or (first == best_first and (cost < best_cost
+          or (cost == best_cost and free > best_free))) then
+        choice, best_first, best_cost, best_free = i, first, cost, free
       end
     end
   end
   return choice
 end
 if best == nil then
-  if has_affinity then best = cheapest(true) end
+  if counted ~= nil then best = cheapest(true) end
   if best == nil then best = cheapest(false) end
 end
 redis.call('ZADD', KEYS[best], now + tonumber(ARGV[2]), ARGV[1])
+if recent_mode > 0 then
+  redis.call('ZADD', KEYS[rbase + best], now + tonumber(ARGV[9]), ARGV[1])
+  redis.call('EXPIRE', KEYS[rbase + best], math.ceil(tonumber(ARGV[9])))
+end
 if has_affinity then
-  local chosen = ARGV[4 + 4 * best]
+  local chosen = ARGV[6 + 4 * best]
   redis.call('SET', KEYS[2 * n + 1], chosen, 'EX', ARGV[6])
   for i = 1, n do
-    if i ~= best and bound == ARGV[4 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
+    if i ~= best and bound == ARGV[6 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
   end
   redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), KEYS[2 * n + 1])
   redis.call('EXPIRE', KEYS[n + best], ARGV[6])
@@ -132,6 +162,11 @@ def sessions_key(replica_id: int) -> str:
     return f"switchyard:replica:{replica_id}:sessions"
 
 
+def recent_key(replica_id: int) -> str:
+    """The requests a KV-aware policy sent a replica, scored by when each stops counting."""
+    return f"switchyard:replica:{replica_id}:recent"
+
+
 class Dispatched:
     """One web process's side of the count: what it has open, and the Redis calls."""
 
@@ -149,8 +184,11 @@ class Dispatched:
         if affinity_key is not None:
             keys += [sessions_key(c.replica_id) for c in plan.candidates]
             keys.append(affinity_key)
+        if plan.recent:
+            keys += [recent_key(c.replica_id) for c in plan.candidates]
+        recent = 2 if plan.fresh and affinity_key is None else int(plan.recent)
         args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
-                routing.MIN_LOAD_CAP]  # fmt: skip
+                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS]  # fmt: skip
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
         index, kept, *loads = await self._pick(keys=keys, args=args)

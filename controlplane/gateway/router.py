@@ -3,10 +3,12 @@
 For one request the router reads, in a few Redis round trips: the ready replicas' heartbeats
 (stale ones are skipped), the session key's binding, the blocks of the prompt each replica holds
 (`workers.protocol.kv_blocks`, when the policy is KV-aware and the gateway has the prompt's
-token ids), and the round-robin turn. `routing.plan` turns them into a plan; the pick itself,
-the count of the request against the replica and the session's (re)binding are one atomic step
-in Redis (`dispatched.py`). The choice is explained in `x-switchyard-route-reason` and the
-prefix the replica should find cached in `x-switchyard-cached-tokens-predicted`; the routing
+token ids), for a keyless prompt how many earlier prompts' cached prefixes ended where its own
+does (a shared prefix: `routing.shared_prefix`), and the round-robin turn. `routing.plan` turns
+them into a plan; the pick itself, the count of the request against the replica and the
+session's (re)binding are one atomic step in Redis (`dispatched.py`). The choice is explained
+in `x-switchyard-route-reason` and the prefix the replica should find cached in
+`x-switchyard-cached-tokens-predicted`; the routing
 quality counters (`quality.py`) add it up per deployment.
 
 It raises `NoReadyReplica` rather than an HTTP error; the generation turns it into one.
@@ -71,6 +73,25 @@ def affinity_key(deployment: str, session: str) -> str:
 
 def round_robin_key(deployment: str) -> str:
     return f"switchyard:routing:{deployment}:turn"
+
+
+def prefix_end_key(deployment: str, block_hash: int) -> str:
+    return f"switchyard:routing:{deployment}:prefix_end:{block_hash}"
+
+
+async def _shared_blocks(hub: ReplicaHub, cfg: Settings, slug: str, hashes: list[int], cached: dict[int, int]) -> int:
+    """How many of the prompt's leading blocks many conversations share (`routing.shared_prefix`),
+    counting this prompt among those whose longest cached prefix ended at that block (each count
+    lives for the session TTL after its last prompt)."""
+    best = max(cached.values(), default=0)
+    if not best:
+        return 0
+    key = prefix_end_key(slug, hashes[best - 1])
+    async with hub.redis.pipeline(transaction=False) as pipe:
+        pipe.incr(key)
+        pipe.expire(key, max(cfg.session_ttl, 1))
+        count, _ = await pipe.execute()
+    return routing.shared_prefix(best, int(count) - 1)
 
 
 Live = list[tuple[int, ReplicaStatus]]
@@ -148,8 +169,11 @@ async def choose(
     live_ids = [rid for rid, _ in live]
     bound_to, cached, turn = await _facts(hub, cfg, deployment.slug, live_ids, session, hashes)
     views = [routing.Candidate(rid, *_decode_load(st), cached.get(rid, 0)) for rid, st in live]
+    shared = 0
+    if hashes and (cfg.policy == routing.KV_AWARE or (cfg.policy == routing.SESSION_KV_AWARE and session is None)):
+        shared = await _shared_blocks(hub, cfg, deployment.slug, hashes, cached)
     plan = routing.plan(cfg.policy, views, session=session, bound_to=bound_to, prompt_blocks=len(hashes),
-                        turn=turn, load_factor=cfg.load_factor)  # fmt: skip
+                        turn=turn, load_factor=cfg.load_factor, shared_blocks=shared)  # fmt: skip
     key = affinity_key(deployment.slug, session) if plan.session is not None else None
     picked = await hub.dispatched.pick(request_id, plan, key, cfg.session_ttl)
 

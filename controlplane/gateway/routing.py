@@ -23,6 +23,26 @@ moves a key: with think times between turns a replica rarely has MIN_LOAD_CAP re
 flight, so where 28 sessions of 8-30 turns hashed decided the load (the cache benchmark's
 `session` policy had 1.55x the mean requests on one replica). Bound keys never move for it.
 
+Without a key (`kv_aware`) there is nothing to count conversations by, and a conversation's first
+turn went wherever the shared system prompt was cheapest: whole conversations piled on one
+replica (the benchmark's `kv_aware` had 1.71x the mean requests on one). So the plan tells a new
+keyless conversation from a continued one (`Plan.fresh`): a prompt is new when nothing of it is
+cached anywhere, or when the longest prefix any replica holds ends at a *shared* block — one
+where the cached prefixes of SHARED_PREFIX_PROMPTS earlier prompts already ended (the router
+counts, per deployment and block hash, the prompts whose best match ended there;
+`shared_prefix`) — and the prompt goes on past it. A continued turn's match ends where its own
+previous turn ended, a block no other prompt stopped at; the end of a system prompt that every
+conversation starts with is where all first turns stop. A new conversation goes, among the
+replicas under the load bound, to the one sent the fewest requests in the last RECENT_SECONDS
+(then by cost as usual). Requests rather than conversations, because the earlier first turns
+could not all be told apart (the first few conversations on a system prompt look continued
+until it is shared), and a replica's recent requests are the load its running conversations
+bring. Fewest rather than "under ⌈c·mean⌉ and then the cheapest": a request count lags the
+conversations just placed, and the replicas holding the system prompt, cheapest by 40 blocks,
+took new conversations up to the cap while one replica got none (simulated on the benchmark's
+trace: 1.47x the mean; with the fewest, 1.12x). A continued turn is never moved by it; an
+identical prompt repeated (nothing past the shared block) follows its prefix too.
+
 The policies (a cache policy's `routing`):
 - `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
 - `least_loaded`: the lowest load (base 0, weight 1, no bound).
@@ -33,7 +53,8 @@ The policies (a cache policy's `routing`):
   blocks minus those the replica holds (`workers.protocol.kv_blocks`), weight LOAD_BLOCKS, so
   one request in flight costs as much as prefilling LOAD_BLOCKS blocks (Dynamo's
   `w·prefill_blocks + decode_blocks`, with requests standing in for decode blocks). The bound
-  keeps a popular prefix from piling every request on one replica.
+  keeps a popular prefix from piling every request on one replica; a new conversation goes to
+  the replica sent the fewest requests lately (above).
 - `session+kv_aware` (the default): a key's binding as in `session`, but an unbound key is placed
   by `kv_aware` rather than by the ring (its prefix may already be somewhere); without a key,
   `kv_aware`.
@@ -64,6 +85,13 @@ LOAD_BLOCKS = 16
 # an idle fleet, where ⌈c·(Σ+1)/n⌉ is 1) must keep them together.
 MIN_LOAD_CAP = 4
 VIRTUAL_NODES = 64  # points per replica on the ring: shares within a few % of even for 4 replicas
+# A block is a shared prefix's end once the cached prefixes of this many earlier prompts ended at
+# it. 2, not 1: a parent and one sub-agent forked from its context both stop at the parent's last
+# turn, and the parent's next turn must not count as new (one more fork may move it).
+SHARED_PREFIX_PROMPTS = 2
+# A new keyless conversation goes where the fewest requests were sent this long: about one agent
+# conversation (8-30 turns, seconds apart), so it reflects the conversations now running.
+RECENT_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -88,6 +116,8 @@ class Plan:
     load_factor: float  # 0: no bound
     reason: str
     session: str | None = None  # the key to honour and bind to the pick
+    recent: bool = False  # count the request in its replica's recent requests (KV-aware policies)
+    fresh: bool = False  # a new keyless conversation: to the replica sent the fewest requests lately
 
 
 def _point(label: str) -> int:
@@ -128,11 +158,19 @@ def session_cap(sessions: list[int], factor: float) -> float:
     return math.ceil(factor * (sum(sessions) + 1) / len(sessions))
 
 
-def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, sessions: list[int] | None = None) -> int:
+def shared_prefix(best_blocks: int, earlier_prompts: int) -> int:
+    """The prompt's leading blocks that many conversations share: the longest cached prefix of it
+    (`best_blocks`, on any replica) when the cached prefixes of SHARED_PREFIX_PROMPTS earlier
+    prompts ended at that same block (`earlier_prompts`: the router's count), else 0."""
+    return best_blocks if earlier_prompts >= SHARED_PREFIX_PROMPTS else 0
+
+
+def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, sessions: list[int] | None = None,
+         recent: list[int] | None = None) -> int:  # fmt: skip
     """The index of the candidate the rule chooses, given each one's gateway-dispatched count,
-    the replica the plan's session is bound to and each one's live session bindings (the
-    reference implementation of the Lua pick in `dispatched.py`, which reads the binding and
-    the counts itself in the same atomic step)."""
+    the replica the plan's session is bound to, each one's live session bindings and its recent
+    requests (the reference implementation of the Lua pick in `dispatched.py`, which reads the
+    binding and the counts itself in the same atomic step)."""
     loads = [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
     cap = load_cap(loads, plan.load_factor)
     ids = [c.replica_id for c in plan.candidates]
@@ -144,9 +182,10 @@ def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, session
     if plan.session is not None and sessions is not None:
         scap = session_cap(sessions, plan.load_factor)
         eligible = [i for i in eligible if sessions[i] < scap] or eligible
+    first = recent if plan.fresh and recent is not None else [0] * len(loads)
     return min(
         eligible,
-        key=lambda i: (plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
+        key=lambda i: (first[i], plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
     )
 
 
@@ -159,11 +198,13 @@ def plan(
     prompt_blocks: int = 0,
     turn: int = 0,
     load_factor: float = DEFAULT_LOAD_FACTOR,
+    shared_blocks: int = 0,
 ) -> Plan:
     """The plan for one request. `bound_to`: the replica the session key was bound to when the
     caller looked (None if unbound); it decides only the plan's shape, since the pick reads the
     binding again atomically. `prompt_blocks`: the prompt's full blocks the engine could
-    reuse (0 when the gateway has no token ids), `turn`: the round-robin counter."""
+    reuse (0 when the gateway has no token ids), `turn`: the round-robin counter,
+    `shared_blocks`: its leading blocks that many conversations share (`shared_prefix`)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown routing policy {policy!r}")
     n = len(candidates)
@@ -178,11 +219,15 @@ def plan(
         # Consistent hashing with bounded loads: the binding first, then ring order.
         ordered = [by_id[rid] for rid in ring_order(session, list(by_id))]
         reason = "session_bound" if bound else "session_ring"
-        return Plan(ordered, [float(i) for i in range(n)], 0.0, load_factor, reason, session)
+        return Plan(ordered, [float(i) for i in range(n)], 0.0, load_factor, reason, session, recent=use_kv)
     if use_kv:  # a new (or moved) session key lands where its prefix is, then stays
-        base = [float(prompt_blocks - min(c.cached_blocks, prompt_blocks)) for c in candidates]
-        reason = "session_kv_aware" if use_session else KV_AWARE
-        return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None)
+        held = [min(c.cached_blocks, prompt_blocks) for c in candidates]
+        base = [float(prompt_blocks - h) for h in held]
+        # Keyless: new when no replica holds more of it than a shared prefix, and it goes on past that.
+        fresh = not use_session and max(held) <= min(shared_blocks, prompt_blocks) and max(held) < prompt_blocks
+        reason = "session_kv_aware" if use_session else KV_AWARE + (";new_conversation" if fresh else "")
+        return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None,
+                    recent=True, fresh=fresh)  # fmt: skip
     reason = LEAST_LOADED
     if policy in (SESSION, SESSION_KV_AWARE) and session is None:
         reason += ";no_session_key"

@@ -15,7 +15,7 @@ from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.gateway import generation, router, routing
-from controlplane.gateway.dispatched import Dispatched, dispatched_key, sessions_key
+from controlplane.gateway.dispatched import Dispatched, dispatched_key, recent_key, sessions_key
 from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
@@ -106,7 +106,7 @@ RIDS = [990011, 990012, 990013, 990014]
 
 @pytest_asyncio.fixture
 async def sessions(client):
-    keys = [dispatched_key(r) for r in RIDS] + [sessions_key(r) for r in RIDS]
+    keys = [dispatched_key(r) for r in RIDS] + [sessions_key(r) for r in RIDS] + [recent_key(r) for r in RIDS]
     await client.delete(*keys)
     yield client
     await client.delete(*keys)
@@ -117,6 +117,7 @@ async def sessions(client):
 async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     rng = random.Random(3)
     web = Dispatched(sessions)
+    fresh = 0
     for trial in range(150):
         n = rng.randrange(1, 5)
         cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
@@ -129,8 +130,9 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         policy = rng.choice(routing.POLICIES)
         session = rng.choice([None, f"s{trial}"])
         bound = rng.choice([None, *(c.replica_id for c in cands)])
-        plan = routing.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 40),
-                            turn=rng.randrange(0, 7), load_factor=rng.choice([1.0, 1.25, 2.0]))  # fmt: skip
+        plan = routing.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 60),
+                            turn=rng.randrange(0, 7), load_factor=rng.choice([1.0, 1.25, 2.0]),
+                            shared_blocks=rng.choice([0, max(c.cached_blocks for c in cands)]))  # fmt: skip
         key = None
         if plan.session is not None:
             key = f"switchyard:affinity:test-dispatched:{trial}"
@@ -141,10 +143,18 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             await sessions.delete(sessions_key(rid))
             if count:
                 await sessions.zadd(sessions_key(rid), {f"other{j}": 1e12 for j in range(count)})
+        sent = {c.replica_id: rng.randrange(0, 8) for c in cands}  # requests sent to each lately
+        for rid, count in sent.items():
+            await sessions.delete(recent_key(rid))
+            if count:
+                await sessions.zadd(recent_key(rid), {f"old{j}": 1e12 for j in range(count)})
         counts = dict(zip((c.replica_id for c in cands), dispatched, strict=True))
         dispatched = [counts[c.replica_id] for c in plan.candidates]  # in the plan's order (a ring's)
         bound_counts = [bindings[c.replica_id] for c in plan.candidates]
-        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts)].replica_id
+        recent = [sent[c.replica_id] for c in plan.candidates]
+        fresh += plan.fresh
+        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
+                                                recent=recent)].replica_id  # fmt: skip
         chosen = await web.pick(f"t{trial}", plan, key, 60)
         assert chosen.replica_id == expected, (plan, dispatched, bound)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
@@ -153,7 +163,11 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             for c in cands:  # ... and counted in that replica's sessions alone
                 held = await sessions.zscore(sessions_key(c.replica_id), key) is not None
                 assert held == (c.replica_id == chosen.replica_id)
+        for c in cands:  # a KV-aware plan counts the request among its replica's recent ones
+            counted = await sessions.zscore(recent_key(c.replica_id), f"t{trial}") is not None
+            assert counted == (plan.recent and c.replica_id == chosen.replica_id)
         await web.done(f"t{trial}")
+    assert fresh > 5  # new keyless conversations were among the plans
 
 
 def session_plan(key: str, ids=RIDS) -> routing.Plan:
@@ -214,3 +228,35 @@ async def test_new_sessions_spread_by_the_sessions_each_replica_holds(sessions):
         s = key.rsplit("even", 1)[1]
         assert (await web.pick(f"n{s}", session_plan(f"even{s}"), key, 60)).replica_id == rid
         await web.done(f"n{s}")
+
+
+async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was_sent(sessions):
+    """The cache benchmark's kv_aware pile-up: one replica holds the shared system prompt (40
+    blocks), so without the rule every new conversation's first turn goes there (40 blocks
+    cheaper than anywhere else, all idle). With it each goes where the fewest requests went, and
+    a continued conversation's turn (its match past the shared prefix) still goes to its prefix,
+    however many requests that replica was sent."""
+    web = Dispatched(sessions)
+    home = RIDS[0]
+
+    def first_turn(shared: int) -> routing.Plan:
+        cands = [routing.Candidate(r, 0, 100, 40 if r == home else 0) for r in RIDS]
+        return routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=shared)
+
+    where = []
+    for s in range(28):
+        where.append((await web.pick(f"k{s}", first_turn(40), None, 60)).replica_id)
+        await web.done(f"k{s}")
+    shares = Counter(where)
+    assert shares == dict.fromkeys(RIDS, 7), shares
+    assert [await sessions.zcard(recent_key(r)) for r in RIDS] == [7] * 4
+    # without the shared-prefix count (shared_blocks 0) the prompt looks continued: all on home
+    for s in range(4):
+        assert (await web.pick(f"c{s}", first_turn(0), None, 60)).replica_id == home
+        await web.done(f"c{s}")
+    # a continued turn: its own context (55 blocks) is only on the busiest replica; it stays there
+    busiest = shares.most_common(1)[0][0]
+    cands = [routing.Candidate(r, 0, 100, 55 if r == busiest else 40 * (r == home)) for r in RIDS]
+    turn = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=0)
+    assert not turn.fresh and (await web.pick("turn", turn, None, 60)).replica_id == busiest
+    await web.done("turn")

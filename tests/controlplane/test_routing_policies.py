@@ -3,10 +3,11 @@ bounded loads, the KV-aware cost, round robin, and what each policy falls back t
 
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 
 from controlplane.gateway import routing
 from controlplane.gateway.routing import Candidate
+from workers.bench.agent_trace import SEED, make_trace
 
 IDS = [11, 12, 13, 14]
 
@@ -145,3 +146,87 @@ def test_a_new_session_skips_replicas_holding_their_share_of_sessions_but_a_boun
     assert routing.session_cap(full, 1.0) == 6 and routing.session_cap(full, 0.5) == 3
     half = routing.plan(routing.SESSION, cands, session="s", load_factor=0.5)
     assert half.candidates[routing.pick(half, [0] * 4, sessions=full)].replica_id == order[0]
+
+
+def test_a_block_is_a_shared_prefix_once_two_earlier_prompts_cached_prefixes_ended_there():
+    assert routing.SHARED_PREFIX_PROMPTS == 2
+    assert [routing.shared_prefix(40, earlier) for earlier in (0, 1, 2, 9)] == [0, 0, 40, 40]
+    assert routing.shared_prefix(0, 5) == 0
+
+
+def test_a_keyless_prompt_is_a_new_conversation_when_nothing_past_a_shared_prefix_is_cached():
+    def kv(held: list[int], shared: int, blocks: int = 60, **kw) -> routing.Plan:
+        cands = [Candidate(rid, 0, 100, h) for rid, h in zip(IDS, held, strict=False)]
+        return routing.plan(kw.pop("policy", routing.KV_AWARE), cands, prompt_blocks=blocks, shared_blocks=shared,
+                            **kw)  # fmt: skip
+
+    new = kv([40, 0, 0, 0], shared=40)  # only the system prompt is cached, on one replica
+    assert (new.fresh, new.recent, new.reason) == (True, True, "kv_aware;new_conversation")
+    assert kv([0, 0, 0, 0], shared=0).fresh  # nothing cached anywhere
+    assert kv([40, 40, 40, 0], shared=40).fresh  # on several: the same
+    continued = kv([40, 55, 0, 0], shared=40)  # its own context past the shared prefix
+    assert (continued.fresh, continued.reason) == (False, "kv_aware")
+    assert not kv([40, 0, 0, 0], shared=0).fresh  # not (yet) known shared: it follows its prefix
+    assert not kv([60, 0, 0, 0], shared=60).fresh  # an identical prompt repeated: nothing past it
+    keyed = kv([40, 0, 0, 0], shared=40, policy=routing.SESSION_KV_AWARE, session="s")
+    assert not keyed.fresh and keyed.reason == "session_kv_aware"  # a key is counted as a session
+    assert kv([40, 0, 0, 0], shared=40, policy=routing.SESSION_KV_AWARE).fresh  # ... no key: kv_aware
+    bound = routing.plan(routing.SESSION_KV_AWARE, idle(), session="s", bound_to=IDS[0], prompt_blocks=9)
+    assert bound.recent and not bound.fresh  # a bound key's request counts among the recent ones
+    assert not routing.plan(routing.SESSION, idle(), session="s", prompt_blocks=9).recent
+
+
+def test_a_new_conversation_goes_where_the_fewest_requests_went_but_a_continued_turn_follows_its_prefix():
+    recent = [6, 1, 2, 0]  # requests sent to each lately; IDS[0] holds the system prompt
+    cands = [Candidate(rid, 0, 100, 40 if rid == IDS[0] else 0) for rid in IDS]
+    new = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=40)
+    # 40 blocks cheaper on IDS[0], and under any ceil(c * mean) cap on 1, 2 or 6: the fewest still win
+    assert new.candidates[routing.pick(new, [0] * 4, recent=recent)].replica_id == IDS[3]
+    assert new.candidates[routing.pick(new, [0] * 4, recent=[1, 1, 1, 1])].replica_id == IDS[0]  # then the cost
+    # ... among the replicas under the load bound: IDS[3] with 5 in flight (cap max(ceil(1.25 * 6 / 4), 4) = 4)
+    assert new.candidates[routing.pick(new, [0, 0, 0, 5], recent=recent)].replica_id == IDS[1]
+    mine = [Candidate(rid, 0, 100, 55 if rid == IDS[0] else 0) for rid in IDS]
+    turn = routing.plan(routing.KV_AWARE, mine, prompt_blocks=60, shared_blocks=0)
+    assert turn.candidates[routing.pick(turn, [0] * 4, recent=recent)].replica_id == IDS[0]
+
+
+def _replay_keyless(rule: bool) -> tuple[list[int], float]:
+    """The cache benchmark's trace routed `kv_aware` without a header, in its nominal order, by the
+    pure rule alone: an unbounded prefix cache per replica, nothing in flight (answers take no
+    time), the router's prefix-end counts and the recent-request window kept here as Redis keeps
+    them. Requests per replica and the hit rate over the prompts' reusable blocks."""
+    trace = make_trace(SEED)
+    held: dict[int, set[int]] = {rid: set() for rid in IDS}
+    ends: Counter = Counter()
+    recent: deque = deque()
+    sent: Counter = Counter()
+    hit = total = 0
+    for t, s, turn in trace.nominal_order():
+        hashes = trace.block_hashes(s, turn, 16)
+        cached = {rid: next((i for i, h in enumerate(hashes) if h not in held[rid]), len(hashes)) for rid in IDS}
+        best, shared = max(cached.values()), 0
+        if rule and best:
+            shared = routing.shared_prefix(best, ends[hashes[best - 1]])
+            ends[hashes[best - 1]] += 1
+        while recent and recent[0][0] <= t - routing.RECENT_SECONDS:
+            recent.popleft()
+        window = Counter(rid for _, rid in recent)
+        cands = [Candidate(rid, 0, 100, cached[rid]) for rid in IDS]
+        plan = routing.plan(routing.KV_AWARE, cands, prompt_blocks=len(hashes), shared_blocks=shared)
+        rid = plan.candidates[routing.pick(plan, [0] * 4, recent=[window[r] for r in IDS] if rule else None)].replica_id
+        recent.append((t, rid))
+        sent[rid] += 1
+        hit, total = hit + cached[rid], total + len(hashes)
+        held[rid].update(hashes)
+    return [sent[rid] for rid in IDS], hit / total
+
+
+def test_on_the_benchmarks_trace_keyless_new_conversations_spread_and_later_turns_keep_their_prefix():
+    """Without the rule every conversation's first turn goes to the replica that holds the system
+    prompt (nothing in flight here to push it away) and so does the whole trace; with it the
+    requests per replica stay within 1.3x their mean, at the same hit rate."""
+    before, before_hit = _replay_keyless(rule=False)
+    after, after_hit = _replay_keyless(rule=True)
+    assert max(before) == sum(before)
+    assert max(after) / (sum(after) / 4) <= 1.3, after
+    assert after_hit >= 0.98 * before_hit, (after_hit, before_hit)
