@@ -101,6 +101,7 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 class DeepseekV3ForCausalLM(nn.Module):
     aux_hidden_states = None
+    supports_eagle3 = False  # no aux hidden states (spec/__init__.py refuses the method)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
