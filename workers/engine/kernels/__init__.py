@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from workers.engine.kernels._triton import HAS_TRITON
 from workers.engine.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from workers.engine.kernels.kv_write import write_kv_ref, write_kv_triton
-from workers.engine.kernels.mla_decode import mla_decode_ref, mla_decode_triton
+from workers.engine.kernels.mla import mla_decode_ref, mla_decode_triton
 from workers.engine.kernels.paged_attention import (
     paged_decode_ref,
     paged_decode_triton,

@@ -7,7 +7,7 @@ k_pe (qk_rope_head_dim), not per-head keys and values (kv_layout.py). From them:
   [k_nope, k_pe] and values come from W_UKV · c for the whole context, then causal attention;
 * decode is absorbed: W_UK is folded into the query, q_lat = q_nope · W_UK, so the scores are
   [q_lat, q_pe] · [c, k_pe] over the latent rows themselves; attention returns a latent per
-  head, which W_UV turns into that head's value (kernels/mla_decode.py).
+  head, which W_UV turns into that head's value (kernels/mla.py).
 
 Both equal transformers' DeepseekV3Attention (which always expands); the absorbed form reads
 (C + R) values per cached token instead of heads · (nope + rope + v).

@@ -50,6 +50,7 @@ def _mla_decode_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # One program: one sequence, BLOCK_H heads. The latent is read once for all those heads.
     seq = tl.program_id(0)
@@ -74,12 +75,13 @@ def _mla_decode_kernel(
         rows = (block * BLOCK_SIZE + t) * width
         k_c = tl.load(c_ptr + rows[:, None] + c[None, :], mask=valid[:, None] & cmask[None, :], other=0.0)
         k_r = tl.load(c_ptr + rows[:, None] + LORA + r[None, :], mask=valid[:, None] & rmask[None, :], other=0.0)
-        s = (tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))).to(tl.float32) * scale
+        s = tl.dot(q_c, tl.trans(k_c), input_precision=PRECISION)
+        s = (s + tl.dot(q_r, tl.trans(k_r), input_precision=PRECISION)).to(tl.float32) * scale
         s = tl.where(valid[None, :], s, -1e30)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_c.dtype), k_c, input_precision=PRECISION).to(tl.float32)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc / l_i[:, None]
@@ -116,5 +118,6 @@ def mla_decode_triton(
         BLOCK_R=max(16, next_pow2(rope)),
         BLOCK_H=block_h,
         BLOCK_SIZE=block_size,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32 (no tf32)
     )
     return out
