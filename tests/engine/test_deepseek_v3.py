@@ -200,3 +200,13 @@ def test_the_multi_token_prediction_layer_is_skipped(checkpoint_factory, tmp_pat
     tokens, logprobs = reference(source, PROMPTS[0])
     out = LLM(str(target), dtype="float32").generate({"prompt_token_ids": PROMPTS[0]}, GREEDY)[0]
     assert_matches(out.outputs[0], tokens, logprobs)
+
+
+def test_mla_benchmark_reports_both_forms_and_agrees(capsys):
+    from workers.bench.__main__ import main
+
+    assert main(["mla", "--json", "--context", "100", "--heads", "2", "--batch", "2", "--rounds", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["max_abs_diff"] < 1e-4  # the two forms compute the same attention
+    assert result["absorbed_ms"] > 0 and result["expanded_ms"] > 0
+    assert result["mla_kv_bytes_per_token"] == 70272 and result["mha_over_mla"] > result["gqa_over_mla"] > 1
