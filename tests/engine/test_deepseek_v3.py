@@ -210,3 +210,25 @@ def test_mla_benchmark_reports_both_forms_and_agrees(capsys):
     assert result["max_abs_diff"] < 1e-4  # the two forms compute the same attention
     assert result["absorbed_ms"] > 0 and result["expanded_ms"] > 0
     assert result["mla_kv_bytes_per_token"] == 70272 and result["mha_over_mla"] > result["gqa_over_mla"] > 1
+
+
+def test_latent_blocks_come_back_from_the_dram_tier(checkpoint_factory):
+    """An evicted MLA prefix served from host DRAM gives the device cache's exact answer."""
+    model_dir = checkpoint_factory("deepseek_v3")
+    prompt = [(7 * i + 3) % 300 + 1 for i in range(61)]
+    fillers = [[(11 * i + k) % 300 + 1 for i in range(61)] for k in (1, 2)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
+    llm = LLM(str(model_dir), dtype="float32", block_size=4, num_kv_blocks=24, kv_tiers={"dram_bytes": 4 << 20})
+
+    def answer(p):
+        out = llm.generate({"prompt_token_ids": p}, params)[0]
+        return out.outputs[0].token_ids, out.outputs[0].logprobs, out.num_cached_tokens
+
+    answer(prompt)
+    device_hit = answer(prompt)
+    assert device_hit[2] == 60
+    for filler in fillers:
+        answer(filler)
+    got = answer(prompt)
+    assert got[2] == 60 and llm.engine.tier_stats()["blocks_loaded"]["dram"] == 15
+    assert got[:2] == device_hit[:2]
