@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, for a machine lent with a CUDA device (about 5 minutes):
-#   1. the triton kernels against their torch references on CUDA, fp32/fp16/bf16;
+#   1. the triton kernels against their torch references on CUDA, fp32/fp16/bf16 (MLA decode again
+#      on its own, then `bench mla` on the device);
 #   2. engine parity tests on CUDA (fp32), then a short engine benchmark in bf16.
 # Usage: bash scripts/gpu_check.sh   (expects `make setup` done, or installs the venv itself)
 set -euo pipefail
@@ -13,5 +14,8 @@ PY=.venv/bin/python
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 echo "== kernel tests on CUDA"
 TRITON_INTERPRET=0 SWITCHYARD_TEST_DEVICE=cuda timeout 240 $PY -m pytest -q tests/engine/test_kernels.py
+echo "== MLA: the absorbed decode kernel against its reference, then absorbed vs expanded (bf16)"
+TRITON_INTERPRET=0 SWITCHYARD_TEST_DEVICE=cuda timeout 120 $PY -m pytest -q tests/engine/test_kernels.py -k mla
+timeout 120 $PY -m workers.bench mla --device cuda --dtype bfloat16 --heads 128 --context 8192 --batch 8
 echo "== engine benchmark (bf16, quick)"
 timeout 240 $PY -m workers.bench engine --device cuda --dtype bfloat16 --quick --no-hf

@@ -52,6 +52,16 @@ def test_register_model_reads_config_and_validates(staff_client, model_dir, djan
     assert model.status == Model.Status.READY and len(model.checksum) == 64
 
 
+def test_register_a_deepseek_v3_model(staff_client, tmp_path):
+    """MLA + MoE (DeepSeek-V3, Kimi K2) is an architecture the engine serves: registering it works."""
+    from tests.engine.checkpoints import build_checkpoint
+
+    model_dir = build_checkpoint(tmp_path / "ds", "kimi_k2")
+    response = staff_client.post("/api/v1/models/", {"name": "tiny-kimi", "source": str(model_dir)}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["architecture"] == "DeepseekV3ForCausalLM"
+
+
 @pytest.mark.parametrize("source,message", [("nonexistent/dir", "not a directory"), ("", "no config.json")])
 def test_register_broken_directory_is_400_naming_the_field(staff_client, tmp_path, source, message):
     response = staff_client.post("/api/v1/models/", {"name": "bad", "source": str(tmp_path / source)}, format="json")

@@ -73,6 +73,76 @@ ARCHS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
 }
 
+# DeepseekV3ForCausalLM (MLA + MoE), tiny: a dense first layer, then routed + shared experts.
+_DEEPSEEK = {
+    "num_key_value_heads": 4,  # MLA: every head reads the one latent
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 24,
+    "num_hidden_layers": 3,
+}
+ARCHS.update(
+    {
+        # DeepSeek-V3's shape: q_lora_rank, group-limited routing, yarn with mscale = mscale_all_dim.
+        "deepseek_v3": (
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            {
+                **_DEEPSEEK,
+                "q_lora_rank": 48,
+                "n_group": 4,
+                "topk_group": 2,
+                "routed_scaling_factor": 2.5,
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 256,
+                    "beta_fast": 32,
+                    "beta_slow": 1,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                },
+            },
+        ),
+        # Queries without the low-rank step (q_lora_rank null, as DeepSeek-V2-Lite), plain rope.
+        "deepseek_v3_no_q_lora": (
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            {**_DEEPSEEK, "q_lora_rank": None, "n_group": 2, "topk_group": 1, "rope_interleave": False},
+        ),
+        # Kimi K2's shape: one group (no group limit), its scaling factor, yarn whose mscale and
+        # mscale_all_dim differ (the cos/sin and the softmax are scaled).
+        "kimi_k2": (
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            {
+                **_DEEPSEEK,
+                "q_lora_rank": 48,
+                "n_group": 1,
+                "topk_group": 1,
+                "routed_scaling_factor": 2.827,
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 50000.0,
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 128,
+                    "beta_fast": 32,
+                    "beta_slow": 1,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 0.8,
+                },
+            },
+        ),
+    }
+)
+
 
 def build_checkpoint(
     directory: Path,
@@ -102,6 +172,10 @@ def build_checkpoint(
     kwargs.update(overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs)).eval()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # initialised to zeros: make it matter
+                buffer.normal_(0.0, 0.1)
     save = {"safe_serialization": True}
     if max_shard_size:
         save["max_shard_size"] = max_shard_size

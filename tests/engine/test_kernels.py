@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.engine.config import RopeConfig
-from workers.engine.kernels import activation, kv_write, paged_attention, rmsnorm, rotary
+from workers.engine.kernels import activation, kv_write, mla, paged_attention, rmsnorm, rotary
 from workers.engine.layers.rotary import cos_sin_table
 
 DEVICE = os.environ.get("SWITCHYARD_TEST_DEVICE", "cpu")
@@ -138,3 +138,41 @@ def _padding_mask(ctx, width, dtype):
     return mask.masked_fill_(
         (torch.arange(width, device=DEVICE) >= ctx[:, None]).view(len(ctx), 1, 1, -1), float("-inf")
     )
+
+
+def _latent_cache(dtype, blocks=10, bs=16, lora=64, rope=16):
+    cache = rand(blocks, bs, lora + rope, dtype=dtype)
+    tables = torch.tensor([[3, 5, 7, 0], [1, 2, 0, 0], [9, 8, 6, 4]], dtype=torch.int32, device=DEVICE)
+    return cache, tables, torch.tensor([40, 17, 64], dtype=torch.int32, device=DEVICE)
+
+
+def test_mla_decode_absorbed(dtype):
+    """Absorbed MLA decode (one latent key per token shared by all heads), 20 heads: two head
+    blocks of the kernel, the second partly masked."""
+    cache, tables, ctx = _latent_cache(dtype)
+    q = rand(3, 20, 80, dtype=dtype)
+    close(
+        mla.mla_decode_triton(q, cache, tables, ctx, 64, 0.11),
+        mla.mla_decode_ref(q, cache, tables, ctx, 64, 0.11),
+        dtype,
+    )
+
+
+def test_mla_absorbed_decode_equals_expanded_attention():
+    """The reference itself: W_UK folded into the query and W_UV applied after equal attention
+    over keys and values expanded from the latent (what transformers computes)."""
+    torch.manual_seed(2)
+    heads, nope, rope, v_dim, lora, ctx = 4, 8, 6, 5, 12, 21
+    cache = torch.randn(4, 8, lora + rope)
+    table = torch.tensor([[2, 0, 3]], dtype=torch.int32)
+    rows = cache.index_select(0, table[0].long()).flatten(0, 1)[:ctx]
+    latent, k_pe = rows[:, :lora], rows[:, lora:]
+    w_uk, w_uv = torch.randn(heads, nope, lora), torch.randn(heads, v_dim, lora)
+    q_nope, q_pe = torch.randn(heads, nope), torch.randn(heads, rope)
+    k = torch.cat((torch.einsum("hnc,tc->htn", w_uk, latent), k_pe.expand(heads, ctx, rope)), -1)
+    v = torch.einsum("hvc,tc->htv", w_uv, latent)
+    scores = torch.einsum("hd,htd->ht", torch.cat((q_nope, q_pe), -1), k) * 0.2
+    expanded = torch.einsum("ht,htv->hv", scores.softmax(-1), v)
+    q = torch.cat((torch.einsum("hn,hnc->hc", q_nope, w_uk), q_pe), -1)[None]
+    o_lat = mla.mla_decode_ref(q, cache, table, torch.tensor([ctx], dtype=torch.int32), lora, 0.2)
+    assert torch.allclose(torch.einsum("hc,hvc->hv", o_lat[0], w_uv), expanded, atol=1e-5)

@@ -73,3 +73,46 @@ def test_a_write_the_peer_refuses_fails_once_it_has_ended(model_dir):
     gone = {**dst.endpoint(), "session": "127.0.0.1:1"}  # nothing listens on port 1
     with pytest.raises(KVTransferError, match="could not start a write to 127.0.0.1:1"):
         src.start_write(gone, [0], [0]).poll()
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    from tests.engine.checkpoints import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("mla"), "kimi_k2")
+
+
+def test_latent_blocks_arrive_byte_identical(mla_dir):
+    """MLA blocks (one latent + rope key per token, one part per layer) between two processes."""
+    from tests.support.kv_peer import prefill_and_send
+
+    decode = LLMEngine(EngineConfig(model=str(mla_dir), dtype="float32", block_size=4, num_kv_blocks=40))
+    layout = decode.kv_layout()
+    assert (layout["kv_layout"], layout["kv_parts"]) == ("mla", 1)
+    kv = MooncakeKV(decode.runner.kv_cache, layout)
+    prompt = list(range(30, 70))
+    decode.reserve_blocks(8)
+    blocks = decode.reserve_blocks(len(prompt))
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    peer = ctx.Process(target=prefill_and_send, args=(str(mla_dir), prompt, kv.endpoint(), blocks, child))
+    peer.start()
+    assert parent.poll(90), "the prefill process did not report"
+    moved, digest = parent.recv()
+    peer.join(30)
+    received = decode.runner.kv_cache[:, :, blocks].contiguous()
+    assert hashlib.sha256(received.numpy().tobytes()).hexdigest() == digest
+    assert received.abs().sum() > 0
+    assert moved == received.numel() * received.element_size() == 3 * len(blocks) * 4 * 48 * 4
+
+
+def test_dense_and_latent_caches_never_exchange_blocks(model_dir, mla_dir):
+    dense = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=4, num_kv_blocks=8)).kv_layout()
+    mla = LLMEngine(EngineConfig(model=str(mla_dir), dtype="float32", block_size=4, num_kv_blocks=8)).kv_layout()
+    problem = layout_mismatch(dense, mla)
+    assert "kv_layout: 'dense' here, 'mla' there" in problem and "kv_parts: 2 here, 1 there" in problem
+    # Same architecture, a cache of another layout (an engine that cached keys and values): refused.
+    assert "kv_layout" in layout_mismatch(mla, {**mla, "kv_layout": "dense"})
+    size = block_bytes(mla)
+    assert size == 4 * 1 * 48 * 4  # block_size × heads × (latent + rope key) × fp32
+    assert block_segments(0, mla, [2, 5]) == [2 * size, 5 * size, (8 + 2) * size, (8 + 5) * size, 18 * size, 21 * size]

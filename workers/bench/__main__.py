@@ -83,7 +83,20 @@ def main(argv=None) -> int:
     st.add_argument("--threads", type=int, default=1, help="torch threads")
     st.add_argument("--rounds", type=int, default=5, help="rounds; tokens/s is the median")
     st.add_argument("--json", action="store_true", help="print only the JSON line")
+    ml = sub.add_parser("mla", help="MLA: absorbed vs expanded decode attention; KV bytes per token vs GQA/MHA")
+    ml.add_argument("--device", default="cpu")
+    ml.add_argument("--dtype", default="float32")
+    ml.add_argument("--heads", type=int, default=16, help="attention heads (16: DeepSeek-V3's 128 at TP=8)")
+    ml.add_argument("--context", type=int, default=4096, help="tokens in each sequence's context")
+    ml.add_argument("--batch", type=int, default=4, help="decoding sequences")
+    ml.add_argument("--rounds", type=int, default=3)
+    ml.add_argument("--repeat", type=int, default=1, help="steps timed per round and side")
+    ml.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "mla":
+        from workers.bench.mla import run
+
+        return run(args)
     if args.name == "structured":
         from workers.bench.structured import run
 

@@ -37,11 +37,19 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # "default" | "llama3"
+    kind: str = "default"  # "default" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # yarn (DeepSeek-V3, Kimi K2): the ramp between extrapolated and interpolated frequencies,
+    # and the magnitude scales (layers/rotary.py: yarn_attention_factor, yarn_softmax_scale).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class ModelConfig:
     torch_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
+    # DeepseekV3ForCausalLM only (models/deepseek_v3.py): latent attention and experts.
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -83,7 +94,7 @@ class ModelConfig:
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
             model_type = raw.get("model_type", "")
-            return cls(
+            fields = dict(
                 architecture=arch,
                 model_type=model_type,
                 vocab_size=int(raw["vocab_size"]),
@@ -105,6 +116,9 @@ class ModelConfig:
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
             )
+            if arch in MLA_ARCHITECTURES:
+                fields.update(deepseek_parts(raw, source))
+            return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"{source}: missing or invalid field {exc}") from exc
 
@@ -115,16 +129,119 @@ def rope_from(raw: dict) -> RopeConfig:
     params = {**scaling, **params}
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ("default", "llama3"):
-        raise ModelLoadError(f"rope type {kind!r} is not supported; supported: default, llama3")
+    if kind not in ("default", "llama3", "yarn"):
+        raise ModelLoadError(f"rope type {kind!r} is not supported; supported: default, llama3, yarn")
+    if kind != "yarn":
+        return RopeConfig(
+            theta=theta,
+            kind=kind,
+            factor=float(params.get("factor", 1.0)),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        )
+    # transformers' defaults: the original context is the config's own unless named, and a
+    # missing factor is the ratio of the two.
+    positions = int(raw.get("max_position_embeddings", 2048))
+    original = int(params.get("original_max_position_embeddings") or positions)
+    factor = params.get("factor")
+
+    def optional(key):
+        return None if params.get(key) is None else float(params[key])
+
     return RopeConfig(
         theta=theta,
         kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        factor=float(factor) if factor is not None else positions / original,
+        original_max_position=original,
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=optional("mscale"),
+        mscale_all_dim=optional("mscale_all_dim"),
+        attention_factor=optional("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
     )
+
+
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention: queries through an optional low-rank `q_lora_rank`, keys and
+    values through one shared latent of `kv_lora_rank` plus a rope key of `qk_rope_head_dim`."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # the checkpoint's rope dimensions come in (even, odd) pairs
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """DeepSeek-V3 routed + shared experts, from layer `first_k_dense_replace` on."""
+
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    first_k_dense_replace: int
+    moe_layer_freq: int
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index >= self.first_k_dense_replace and index % self.moe_layer_freq == 0
+
+
+def deepseek_parts(raw: dict, source: str) -> dict:
+    """The ModelConfig fields a DeepseekV3 config adds; what the engine cannot run is refused."""
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (silu only)")
+    if raw.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ModelLoadError(f"{source}: scoring_func {raw['scoring_func']!r} is not supported (sigmoid only)")
+    if raw.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ModelLoadError(f"{source}: topk_method {raw['topk_method']!r} is not supported (noaux_tc only)")
+    if raw.get("attention_bias"):
+        raise ModelLoadError(f"{source}: attention_bias is not supported for DeepseekV3ForCausalLM")
+    q_lora = raw.get("q_lora_rank")
+    mla = MLAConfig(
+        q_lora_rank=int(q_lora) if q_lora else None,
+        kv_lora_rank=int(raw["kv_lora_rank"]),
+        qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
+        v_head_dim=int(raw["v_head_dim"]),
+        rope_interleave=bool(raw.get("rope_interleave", True)),
+    )
+    experts = int(raw["n_routed_experts"])
+    n_group = int(raw.get("n_group") or 1)
+    moe = MoEConfig(
+        n_routed_experts=experts,
+        n_shared_experts=int(raw.get("n_shared_experts") or 0),
+        num_experts_per_tok=int(raw["num_experts_per_tok"]),
+        moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        n_group=n_group,
+        topk_group=int(raw.get("topk_group") or n_group),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+        first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
+        moe_layer_freq=int(raw.get("moe_layer_freq") or 1),
+    )
+    if experts % n_group or not 0 < moe.topk_group <= n_group or moe.num_experts_per_tok > experts:
+        raise ModelLoadError(
+            f"{source}: {experts} experts in {n_group} groups, topk_group {moe.topk_group}, "
+            f"num_experts_per_tok {moe.num_experts_per_tok} do not fit together"
+        )
+    return {
+        "mla": mla,
+        "moe": moe,
+        "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+        "num_kv_heads": int(raw["num_attention_heads"]),
+    }
 
 
 @dataclass

@@ -231,6 +231,8 @@ class LLMEngine:
         kv = self.runner.kv_cache
         return {
             "architecture": self.model_config.architecture,
+            "kv_layout": self.runner.kv_layout.kind,  # dense K/V or the MLA latent (kv_layout.py)
+            "kv_parts": kv.shape[1],
             "dtype": str(self.dtype).removeprefix("torch."),
             "block_size": self.config.block_size,
             "num_layers": kv.shape[0],

@@ -15,6 +15,7 @@ import torch
 
 from workers.engine import kernels
 from workers.engine.config import EngineConfig, ModelConfig
+from workers.engine.kv_layout import kv_layout_for
 from workers.engine.layers.attention import AttentionMetadata
 from workers.engine.scheduler import ScheduledSeq, SchedulerOutput
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    return kv_layout_for(cfg).bytes_per_block(block_size, dtype)
 
 
 def num_kv_blocks(engine: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> int:
@@ -54,20 +55,12 @@ class ModelRunner:
         self.device = device
         self.block_size = engine.block_size
         self.aux_hidden_states: torch.Tensor | None = None
-        # One tensor for all layers: [layers, 2 (k, v), blocks, block_size, kv_heads, head_dim].
-        self.kv_cache = torch.zeros(
-            cfg.num_layers,
-            2,
-            num_blocks,
-            engine.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            dtype=dtype,
-            device=device,
-        )
+        # One tensor for all layers, [layers, parts, blocks, block_size, heads, width]: dense
+        # models keep K and V, MLA one latent per token (kv_layout.py).
+        self.kv_layout = kv_layout_for(cfg)
+        self.kv_cache = torch.zeros(self.kv_layout.shape(num_blocks, engine.block_size), dtype=dtype, device=device)
         for i, attn in enumerate(model.kv_cache_modules()):
-            attn.k_cache = self.kv_cache[i, 0]
-            attn.v_cache = self.kv_cache[i, 1]
+            attn.bind_kv_cache(self.kv_cache[i])
 
     def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)

@@ -1,15 +1,28 @@
 """KV layout agreement and block addressing.
 
-The engine keeps one KV tensor per replica, shaped [layers, 2 (k, v), blocks, block_size,
-kv_heads, head_dim] and contiguous, so block `b` of layer `l`, half `kv` starts at
-base + ((l * 2 + kv) * num_blocks + b) * block_bytes. Two replicas may have different numbers
-of blocks; everything else in the layout must match or the bytes would mean something else.
+The engine keeps one KV tensor per replica, shaped [layers, parts, blocks, block_size, heads,
+width] and contiguous (workers/engine/kv_layout.py): parts 2 (k, v) with heads = KV heads and
+width = head_dim for dense models; parts 1, heads 1, width = latent + rope key for MLA. Block
+`b` of layer `l`, part `p` starts at base + ((l * parts + p) * num_blocks + b) * block_bytes.
+Two replicas may have different numbers of blocks; everything else in the layout must match
+or the bytes would mean something else (a dense and an MLA cache never exchange blocks).
 """
 
 from __future__ import annotations
 
 # Keys of LLMEngine.kv_layout() that must be equal on both sides.
-MUST_MATCH = ("architecture", "dtype", "block_size", "num_layers", "num_kv_heads", "head_dim", "tp_rank", "tp_size")
+MUST_MATCH = (
+    "architecture",
+    "kv_layout",
+    "kv_parts",
+    "dtype",
+    "block_size",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "tp_rank",
+    "tp_size",
+)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -32,13 +45,14 @@ def block_bytes(layout: dict) -> int:
 
 
 def block_segments(base: int, layout: dict, block_ids: list[int]) -> list[int]:
-    """Start addresses of every (layer, k/v, block) segment, in a fixed order both sides share;
+    """Start addresses of every (layer, part, block) segment, in a fixed order both sides share;
     each segment is `block_bytes(layout)` long."""
     size = block_bytes(layout)
     n = layout["num_blocks"]
+    parts = layout.get("kv_parts", 2)
     return [
-        base + ((layer * 2 + half) * n + b) * size
+        base + ((layer * parts + part) * n + b) * size
         for layer in range(layout["num_layers"])
-        for half in (0, 1)
+        for part in range(parts)
         for b in block_ids
     ]

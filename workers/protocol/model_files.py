@@ -11,7 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePath
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "DeepseekV3ForCausalLM",  # DeepSeek-V3, Kimi K2 (MLA + MoE)
+)
 
 
 class ModelDirectoryError(ValueError):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from workers.engine.kernels._triton import HAS_TRITON
 from workers.engine.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from workers.engine.kernels.kv_write import write_kv_ref, write_kv_triton
+from workers.engine.kernels.mla import mla_decode_ref, mla_decode_triton
 from workers.engine.kernels.paged_attention import (
     paged_decode_ref,
     paged_decode_triton,
@@ -62,8 +63,14 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, sc
     return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale)
 
 
+def mla_decode(q, cache, block_tables, context_lens, kv_lora_rank, scale, plan=None):
+    fn = mla_decode_triton if use_triton(q) else mla_decode_ref
+    return fn(q, cache, block_tables, context_lens, kv_lora_rank, scale, plan)
+
+
 __all__ = [
     "apply_rotary",
+    "mla_decode",
     "paged_decode",
     "paged_prefill",
     "plan_decode",

@@ -39,6 +39,10 @@ class PagedAttention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
+    def bind_kv_cache(self, cache: torch.Tensor) -> None:
+        """`cache`: this layer's [2, blocks, block_size, kv_heads, head_dim] (kv_layout.py)."""
+        self.k_cache, self.v_cache = cache[0], cache[1]
+
     def forward(self, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         kernels.write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         p = meta.num_prefill_tokens

@@ -6,6 +6,7 @@
 (llm_engine.py); the scheduler and model runner carry the drafts through one forward pass.
 """
 
+from workers.engine.errors import RequestError
 from workers.engine.spec.config import SpeculativeConfig
 from workers.engine.spec.drafter import Drafter
 from workers.engine.spec.ngram import NgramDrafter
@@ -20,6 +21,10 @@ def make_drafter(
     own, and the target is told which layers' states to keep."""
     if config.method == "ngram":
         return NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+    if not getattr(target, "supports_eagle3", True):
+        raise RequestError(
+            f"EAGLE-3 drafting is not built for {target.config.architecture}; use speculative method 'ngram'"
+        )
     from workers.engine.spec.eagle3 import Eagle3Drafter, load_eagle3
 
     head = load_eagle3(config.model, target_config, target.model.embed_tokens, device, dtype)

@@ -1,0 +1,222 @@
+"""DeepseekV3ForCausalLM: DeepSeek-V3 and Kimi K2 (which declare this architecture too).
+
+Each decoder layer is multi-head latent attention (layers/mla.py: the paged cache holds one
+latent + rope key per token) and either a dense SwiGLU MLP (the first `first_k_dense_replace`
+layers) or the mixture of experts (layers/moe.py). Rope is yarn-scaled in the real configs
+(layers/rotary.py). The checkpoint's multi-token-prediction layer (`model.layers.<num_layers>`,
+DeepSeek-V3's `num_nextn_predict_layers`) is not used and not loaded.
+
+Every linear layer is made by `make_linear` and every routed-expert set by `make_experts`, so a
+quantized implementation can be put in place of them in one spot.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from workers.engine import kernels
+from workers.engine.config import ModelConfig
+from workers.engine.errors import ModelLoadError
+from workers.engine.layers.attention import AttentionMetadata
+from workers.engine.layers.linear import Linear
+from workers.engine.layers.mla import MLAttention
+from workers.engine.layers.moe import Experts, MoE
+from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.rotary import cos_sin_table
+
+
+def make_linear(in_features: int, out_features: int, name: str = "") -> nn.Module:
+    """The one place this model makes a linear layer (`name`: its checkpoint prefix)."""
+    return Linear(in_features, out_features, bias=False)
+
+
+def make_experts(num_experts: int, hidden: int, inter: int, name: str = "") -> nn.Module:
+    """The one place this model makes a layer's routed experts."""
+    return Experts(num_experts, hidden, inter)
+
+
+class MLP(nn.Module):
+    """SwiGLU with gate and up fused (the dense layers' MLP and the shared experts)."""
+
+    def __init__(self, hidden: int, inter: int, prefix: str):
+        super().__init__()
+        self.inter = inter
+        self.gate_up_proj = make_linear(hidden, 2 * inter, f"{prefix}gate_up_proj")
+        self.down_proj = make_linear(inter, hidden, f"{prefix}down_proj")
+
+    def forward(self, x):
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        prefix = f"model.layers.{index}."
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MLAttention(cfg, make_linear, prefix + "self_attn.")
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        moe = cfg.moe
+        if moe.is_moe_layer(index):
+            shared = None
+            if moe.n_shared_experts:
+                shared = MLP(
+                    cfg.hidden_size, moe.moe_intermediate_size * moe.n_shared_experts, prefix + "mlp.shared_experts."
+                )
+            experts = make_experts(
+                moe.n_routed_experts, cfg.hidden_size, moe.moe_intermediate_size, prefix + "mlp.experts"
+            )
+            self.mlp = MoE(cfg.hidden_size, moe, shared, experts)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, prefix + "mlp.")
+
+    def forward(self, x, rope, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekV3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, cos_sin, meta):
+        x = self.embed_tokens(input_ids)
+        rope = cos_sin.index_select(0, positions)
+        for layer in self.layers:
+            x = layer(x, rope, meta)
+        return self.norm(x)
+
+
+# Checkpoint tensor name → (our parameter, rows of it) for the parts stored fused or stacked here.
+_FUSED = re.compile(r"(.*\.)(gate_proj|up_proj)\.weight$")
+_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    aux_hidden_states = None
+    supports_eagle3 = False  # no aux hidden states (spec/__init__.py refuses the method)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = DeepseekV3Model(cfg)
+        self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, "lm_head")
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("cos_sin", self._table(), persistent=False)
+
+    def _table(self) -> torch.Tensor:
+        cfg = self.config
+        return cos_sin_table(cfg.mla.qk_rope_head_dim, cfg.max_position_embeddings, cfg.rope)
+
+    def materialize(self, device: torch.device) -> DeepseekV3ForCausalLM:
+        """Real storage on `device` for a model built on the meta device; buffers are rebuilt."""
+        model = self.to_empty(device=device)
+        if self.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.cos_sin = self._table().to(device)
+        for layer in model.model.layers:
+            layer.self_attn.materialize(device)
+        return model
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, self.cos_sin, meta)
+        return self.lm_head(hidden.index_select(0, logits_indices)).float()
+
+    def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
+        raise ModelLoadError("EAGLE-3 drafting is not built for DeepseekV3ForCausalLM; use speculative method 'ngram'")
+
+    def kv_cache_modules(self) -> list[MLAttention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def _destination(self, name: str, params: dict) -> torch.Tensor | None:
+        """Where checkpoint tensor `name` goes (a view of one of our parameters), or None."""
+        inter = None
+        m = _EXPERT.match(name)
+        if m:
+            experts = params.get(f"{m[1]}.gate_up")
+            if experts is None:
+                return None
+            e, part = int(m[2]), m[3]
+            if e >= experts.shape[0]:
+                return None
+            if part == "down_proj":
+                return params[f"{m[1]}.down"].data[e]
+            inter = experts.shape[1] // 2
+            return experts.data[e, :inter] if part == "gate_proj" else experts.data[e, inter:]
+        if name.endswith(".mlp.gate.weight"):
+            return self._param(params, name.replace(".gate.weight", ".gate_weight"))
+        if name.endswith(".mlp.gate.e_score_correction_bias"):
+            return self._buffer(name.replace(".gate.", "."))
+        m = _FUSED.match(name)
+        if m:
+            fused = params.get(f"{m[1]}gate_up_proj.weight")
+            if fused is None:
+                return None
+            inter = fused.shape[0] // 2
+            return fused.data[:inter] if m[2] == "gate_proj" else fused.data[inter:]
+        return self._param(params, name)
+
+    @staticmethod
+    def _param(params: dict, name: str) -> torch.Tensor | None:
+        p = params.get(name)
+        return None if p is None else p.data
+
+    def _buffer(self, name: str) -> torch.Tensor | None:
+        return dict(self.named_buffers()).get(name)
+
+    def _expected(self) -> set[str]:
+        """Every checkpoint tensor name this model needs."""
+        names = set()
+        for name, p in self.named_parameters():
+            if name.endswith(".gate_up_proj.weight"):
+                names |= {name.replace("gate_up_proj", "gate_proj"), name.replace("gate_up_proj", "up_proj")}
+            elif name.endswith(".experts.gate_up"):
+                base = name.removesuffix(".gate_up")
+                for e in range(p.shape[0]):
+                    names |= {f"{base}.{e}.gate_proj.weight", f"{base}.{e}.up_proj.weight"}
+            elif name.endswith(".experts.down"):
+                base = name.removesuffix(".down")
+                names |= {f"{base}.{e}.down_proj.weight" for e in range(p.shape[0])}
+            elif name.endswith(".mlp.gate_weight"):
+                names.add(name.replace(".gate_weight", ".gate.weight"))
+            else:
+                names.add(name)
+        for name, _ in self.named_buffers():
+            if name.endswith(".e_score_correction_bias"):
+                names.add(name.replace(".mlp.", ".mlp.gate."))
+        return names
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        missing = self._expected()
+        for name, tensor in tensors:
+            layer = _LAYER.match(name)
+            if layer and int(layer[1]) >= self.config.num_layers:
+                continue  # the multi-token-prediction layer
+            if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            dest = self._destination(name, params)
+            if dest is None:
+                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+            if dest.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepare()
+        for attn in self.kv_cache_modules():
+            attn.prepare()
