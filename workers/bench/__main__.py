@@ -83,7 +83,20 @@ def main(argv=None) -> int:
     st.add_argument("--threads", type=int, default=1, help="torch threads")
     st.add_argument("--rounds", type=int, default=5, help="rounds; tokens/s is the median")
     st.add_argument("--json", action="store_true", help="print only the JSON line")
+    pa = sub.add_parser("parallel", help="n samples forked from shared prompt blocks vs n independent requests")
+    pa.add_argument("--model", help="HF model directory (default: the demo model)")
+    pa.add_argument("--device", default="cpu")
+    pa.add_argument("--threads", type=int, default=1, help="torch threads")
+    pa.add_argument("--n", type=int, default=8)
+    pa.add_argument("--prompt-tokens", type=int, default=400)
+    pa.add_argument("--max-tokens", type=int, default=64)
+    pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "parallel":
+        from workers.bench.parallel import run
+
+        return run(args)
     if args.name == "structured":
         from workers.bench.structured import run
 
