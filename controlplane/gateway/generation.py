@@ -117,6 +117,7 @@ class Generation:
     message: GenerateMessage = field(default_factory=GenerateMessage)  # what the first replica was sent
     progress: failover.Progress | None = None  # None: failover is off
     prompt_counted: bool = False  # its prompt tokens counted against the key's TPM when it was sent
+    usage_seen: bool = False  # a choice's final usage arrived (with `n` > 1 each choice sends one)
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -146,11 +147,13 @@ class Generation:
                 if event.final and self.prefill_replica is not None:
                     # A handoff that fell back (timeout, refusal) was prefilled by the decode replica.
                     self.prefill_replica = ((event.disaggregation or {}).get("prefill") or {}).get("replica")
-                if event.usage:
+                if event.usage:  # one per choice (`n`): the prompt counts once
                     usage = event.usage
                     spent = usage["completion_tokens"] + (0 if self.prompt_counted else usage["prompt_tokens"])
                     await ratelimit.count_tokens(self.stream.hub.redis, self.caller.key, spent)
-                    await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
+                    if not self.usage_seen:
+                        await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
+                    self.prompt_counted = self.usage_seen = True
                 if self.progress is not None:
                     self.progress.observe(event)
                 yield event
@@ -301,7 +304,9 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
     message.session_turn = session is not None  # its context begins the next turn: worth sharing (KV store)
-    resumable = failover.enabled()
+    # A request of n > 1 choices is not resumed elsewhere (failover.Progress follows one output):
+    # a lost replica ends it with a clean error.
+    resumable = failover.enabled() and message.params.n == 1
     if resumable and message.prompt_token_ids is None:  # untokenised: to resume it elsewhere, ask for them
         message.return_prompt_token_ids = True
     route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",

@@ -57,6 +57,7 @@ class RequestStream:
         self.incarnation = incarnation
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
+        self.samples_left = 1  # `n`: one final delta per sample ends the stream
 
     async def next_event(self) -> Event:
         while True:
@@ -73,7 +74,8 @@ class RequestStream:
                     return ErrorEvent(self.request_id, 502, problem, code=REPLICA_LOST)
                 continue
             if event.final:
-                self.finished = True
+                self.samples_left -= 1
+                self.finished = self.samples_left <= 0
             return event
 
     async def close(self) -> None:
@@ -179,6 +181,7 @@ class ReplicaHub:
     ) -> RequestStream:
         await self.start()
         stream = RequestStream(self, replica_id, request_id, incarnation)
+        stream.samples_left = message.params.n
         self.queues[request_id] = stream.queue
         await self._send(replica_id, replace(message, id=request_id, reply_to=self.channel))
         return stream

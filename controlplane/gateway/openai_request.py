@@ -1,7 +1,7 @@
 """Parse and validate OpenAI request bodies into what a replica understands.
 
 Every problem becomes an `OpenAIError` naming the parameter, so a client gets a 400 in
-OpenAI's error shape rather than a traceback. Fields the engine cannot honour (n > 1, echo,
+OpenAI's error shape rather than a traceback. Fields the engine cannot honour (echo,
 best_of...) are refused explicitly instead of silently ignored. Every value is range-checked
 here (the replica checks again): one that got through and failed inside an engine step would
 fail every request sharing the batch.
@@ -151,7 +151,8 @@ def _integer(body, name, default=None, lo=None, hi=None):
 PARAMS = {
     "model", "stream", "stream_options", "stop", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "min_p", "repetition_penalty",
-    "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key", "structured_outputs",
+    "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key", "structured_outputs", "n",
+    "logit_bias",
 }  # fmt: skip
 KIND_PARAMS = {
     "chat": {"messages", "tools", "tool_choice", "top_logprobs", "response_format"},
@@ -160,11 +161,9 @@ KIND_PARAMS = {
 # OpenAI parameters this server does not implement: a 400 naming them, unless they hold a value
 # that asks for nothing beyond what is built (null always does: it means "not given").
 UNSUPPORTED = {
-    "n": ((1,), "'n' must be 1: several choices per request are not supported yet."),
     "best_of": ((1,), "'best_of' must be 1: best-of sampling is not supported yet."),
     "echo": ((False,), "'echo' is not supported yet."),
     "suffix": (("",), "'suffix' (insertion) is not supported yet."),
-    "logit_bias": (({},), "'logit_bias' is not supported yet."),
     "parallel_tool_calls": ((True,), "'parallel_tool_calls': false is not supported yet: the model may call "
                             "several tools in one answer."),
     "service_tier": (("auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not supported yet."),
@@ -228,6 +227,12 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     )
     if params.top_p == 0:
         raise bad("'top_p' must be greater than 0.", "top_p")
+    params.n = _integer(body, "n", 1, lo=1)
+    if params.n > MAX_N:
+        raise bad(f"'n' must be at most {MAX_N} (choices per request on this server), got {params.n}.", "n")
+    if params.seed is not None and params.seed + params.n - 1 > SEED_MAX:
+        raise bad(f"'seed' + 'n' - 1 must be at most {SEED_MAX}: choice i samples with seed + i.", "seed")
+    params.logit_bias = _logit_bias(body.get("logit_bias"))
     params.grammar = _structured_outputs(body.get("structured_outputs"))
     _typed(body, "user", str, None, what="a string")  # accepted (OpenAI clients send it), not used
     return GenerationRequest(
@@ -238,6 +243,35 @@ def _common(body: dict, kind: str) -> GenerationRequest:
         params=params,
         prompt_cache_key=session_key(body.get("prompt_cache_key"), "prompt_cache_key"),
     )
+
+
+MAX_N = 16  # choices per request (`n`); they share the prompt's KV blocks on the replica
+MAX_LOGIT_BIAS = 1024  # entries in `logit_bias`
+LOGIT_BIAS_RANGE = 100
+
+
+def _logit_bias(value) -> dict[str, float] | None:
+    """OpenAI's `logit_bias`: {token id as a string: bias in [-100, 100]}. The replica checks the
+    ids against its vocabulary (a 400 naming `logit_bias` too)."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise bad(f"'logit_bias' must be an object mapping token ids to numbers, got {_show(value)}.", "logit_bias",
+                  "invalid_type")  # fmt: skip
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' may have at most {MAX_LOGIT_BIAS} entries, got {len(value)}.", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= INT32_MAX):
+            raise bad(f"'logit_bias' keys must be token ids (non-negative integers), got {_show(key)}.", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise bad(f"'logit_bias' values must be numbers, got {_show(bias)} for token {key}.", "logit_bias",
+                      "invalid_type")  # fmt: skip
+        if not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
+            raise bad(f"'logit_bias' values must be between -{LOGIT_BIAS_RANGE} and {LOGIT_BIAS_RANGE}, got {bias} "
+                      f"for token {key}.", "logit_bias")  # fmt: skip
+        out[str(int(key))] = float(bias)
+    return out
 
 
 MAX_SESSION_KEY = 256

@@ -95,14 +95,25 @@ def _resume_note(gen: generation.Generation, body: dict) -> dict:
     return body
 
 
-def _usage(event: DeltaEvent) -> dict:
-    u = event.usage or {}  # the last delta's (a stream ends with one, or with an error)
+def _usage(finals: list[DeltaEvent]) -> dict:
+    """Usage from each choice's last delta (a stream ends with one per choice, or with an
+    error): the prompt once, the completion tokens of every choice."""
+    u = finals[0].usage or {}
+    completion = sum((event.usage or {})["completion_tokens"] for event in finals)
     return {
         "prompt_tokens": u["prompt_tokens"],
-        "completion_tokens": u["completion_tokens"],
-        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+        "completion_tokens": completion,
+        "total_tokens": u["prompt_tokens"] + completion,
         "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
     }
+
+
+def _by_choice(events: list[DeltaEvent], n: int) -> list[list[DeltaEvent]]:
+    """The events of each choice (`n` > 1: DeltaEvent.index), in order."""
+    choices: list[list[DeltaEvent]] = [[] for _ in range(n)]
+    for event in events:
+        choices[event.index].append(event)
+    return choices
 
 
 def finish_reason(reason: str | None, tool_calls: bool) -> str | None:
@@ -223,34 +234,39 @@ class ChatShaper:
 @openai_view(("POST",))
 async def chat_completions(request):
     req, gen = await _admit(request, parse_chat)
-    shaper = ChatShaper(req)
-    body = None if req.stream else _chat_whole(req, gen, shaper, await _deltas(gen))
-    return _respond(gen, _chat_stream(req, gen, shaper), body)
+    shapers = [ChatShaper(req) for _ in range(req.params.n)]  # one per choice: each parses its own tool calls
+    body = None if req.stream else _chat_whole(req, gen, shapers, await _deltas(gen))
+    return _respond(gen, _chat_stream(req, gen, shapers), body)
 
 
-def _chat_whole(req, gen, shaper: ChatShaper, events: list[DeltaEvent]) -> dict:
+def _chat_choice(req, index: int, shaper: ChatShaper, events: list[DeltaEvent]) -> dict:
     content, logprobs = [], []
     for event in events:
         content += [p for p in shaper.pieces(event) if isinstance(p, str)]
         logprobs += event.logprobs or []
-    last = events[-1]
     text = "".join(content)
     message = {"role": "assistant", "content": text}
     if shaper.calls:
         message["content"] = text.strip() or None
         message["tool_calls"] = [c.as_openai() for c in shaper.calls]
-    choice = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
         "logprobs": {"content": _chat_logprobs(logprobs)} if req.logprobs else None,
-        "finish_reason": finish_reason(last.finish_reason, bool(shaper.calls)),
+        "finish_reason": finish_reason(events[-1].finish_reason, bool(shaper.calls)),
     }
-    return _resume_note(gen, {**_envelope(req, gen, "chat.completion", [choice]), "usage": _usage(last)})
 
 
-async def _chat_stream(req, gen, shaper: ChatShaper):
-    def chunk(delta: dict, finish=None, logprobs=None, event=None) -> bytes:
-        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+def _chat_whole(req, gen, shapers: list[ChatShaper], events: list[DeltaEvent]) -> dict:
+    by_choice = _by_choice(events, len(shapers))
+    choices = [_chat_choice(req, i, shapers[i], evs) for i, evs in enumerate(by_choice)]
+    usage = _usage([evs[-1] for evs in by_choice])
+    return _resume_note(gen, {**_envelope(req, gen, "chat.completion", choices), "usage": usage})
+
+
+async def _chat_stream(req, gen, shapers: list[ChatShaper]):
+    def chunk(delta: dict, finish=None, logprobs=None, event=None, index=0) -> bytes:
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         body = _envelope(req, gen, "chat.completion.chunk", choices)
         if req.include_usage:
             body["usage"] = None
@@ -258,22 +274,26 @@ async def _chat_stream(req, gen, shaper: ChatShaper):
             _prefill_note(gen, body)
         return sse(_timing(req, body, event))
 
-    yield chunk({"role": "assistant", "content": ""})
+    for i in range(len(shapers)):
+        yield chunk({"role": "assistant", "content": ""}, index=i)
+    finals = []
     async for event in gen.events():
+        i, shaper = event.index, shapers[event.index]
         lp = {"content": _chat_logprobs(event.logprobs or [])} if req.logprobs else None
         for piece in shaper.pieces(event):
             if isinstance(piece, ToolCall):
                 index = shaper.calls.index(piece)
-                yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]})
+                yield chunk({"tool_calls": [{"index": index, **piece.as_openai()}]}, index=i)
             elif piece:
-                yield chunk({"content": piece}, logprobs=lp, event=event)
+                yield chunk({"content": piece}, logprobs=lp, event=event, index=i)
                 lp = None
         if lp and lp["content"]:  # held-back text: still report the tokens' logprobs
-            yield chunk({}, logprobs=lp)
+            yield chunk({}, logprobs=lp, index=i)
         if event.final:
-            yield chunk({}, finish=finish_reason(event.finish_reason, bool(shaper.calls)))
-            if req.include_usage:
-                yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(event)})
+            finals.append(event)
+            yield chunk({}, finish=finish_reason(event.finish_reason, bool(shaper.calls)), index=i)
+            if req.include_usage and len(finals) == len(shapers):  # after the last choice's end
+                yield sse({**_envelope(req, gen, "chat.completion.chunk", []), "usage": _usage(finals)})
 
 
 # -- completions -------------------------------------------------------------------------------
@@ -296,32 +316,38 @@ async def completions(request):
 
 
 def _completion_whole(req, gen, events: list[DeltaEvent]) -> dict:
-    logprobs = [lp for event in events for lp in event.logprobs or []]
-    last = events[-1]
-    choice = {
-        "index": 0,
-        "text": "".join(event.text for event in events),
-        "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
-        "finish_reason": finish_reason(last.finish_reason, False),
-    }
-    return _resume_note(gen, {**_envelope(req, gen, "text_completion", [choice]), "usage": _usage(last)})
+    by_choice = _by_choice(events, req.params.n)
+    choices = []
+    for i, evs in enumerate(by_choice):
+        logprobs = [lp for event in evs for lp in event.logprobs or []]
+        choices.append({
+            "index": i,
+            "text": "".join(event.text for event in evs),
+            "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
+            "finish_reason": finish_reason(evs[-1].finish_reason, False),
+        })  # fmt: skip
+    usage = _usage([evs[-1] for evs in by_choice])
+    return _resume_note(gen, {**_envelope(req, gen, "text_completion", choices), "usage": usage})
 
 
 async def _completion_stream(req, gen):
-    offset = 0
+    offsets = [0] * req.params.n
+    finals = []
     async for event in gen.events():
-        lp = _completion_logprobs(event.logprobs or [], offset) if req.logprobs else None
-        offset += len(event.text)
-        choice = {"index": 0, "text": event.text, "logprobs": lp,
+        i = event.index
+        lp = _completion_logprobs(event.logprobs or [], offsets[i]) if req.logprobs else None
+        offsets[i] += len(event.text)
+        choice = {"index": i, "text": event.text, "logprobs": lp,
                   "finish_reason": finish_reason(event.finish_reason, False)}  # fmt: skip
         body = _envelope(req, gen, "text_completion", [choice])
         if req.include_usage:
             body["usage"] = None
         if event.final:
+            finals.append(event)
             _prefill_note(gen, body)
         yield sse(_timing(req, body, event))
-        if event.final and req.include_usage:
-            yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(event)})
+        if event.final and req.include_usage and len(finals) == req.params.n:
+            yield sse({**_envelope(req, gen, "text_completion", []), "usage": _usage(finals)})
 
 
 @csrf_exempt  # like every /v1 view: an unknown path is a 404 whatever the method, never a CSRF page

@@ -47,7 +47,17 @@ def test_chat_request_maps_openai_fields_to_engine_params():
         ({"model": "m", "messages": MSG, "temperature": 3}, "temperature"),
         ({"model": "m", "messages": MSG, "max_tokens": 1.5}, "max_tokens"),
         ({"model": "m", "messages": MSG, "stop": [1]}, "stop"),
-        ({"model": "m", "messages": MSG, "n": 2}, "n"),
+        ({"model": "m", "messages": MSG, "n": 17}, "n"),
+        ({"model": "m", "messages": MSG, "n": 0}, "n"),
+        ({"model": "m", "messages": MSG, "n": True}, "n"),
+        ({"model": "m", "messages": MSG, "n": 2, "seed": 2**64 - 1}, "seed"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"5": 100.5}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"5": "1"}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"5": True}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": [5]}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
         ({"model": "m", "messages": MSG, "top_logprobs": 2}, "top_logprobs"),
         ({"model": "m", "messages": MSG, "tool_choice": "required"}, "tool_choice"),
         ({"model": "m", "messages": MSG, "tools": [{"type": "function"}]}, "tools"),
@@ -110,3 +120,28 @@ def test_two_calls_and_an_unterminated_one_at_the_end():
     out = feed_all(parser, ['<tool_call>{"name": "a", "arguments": {}}</tool_call>\n', '<tool_call>{"name": "b"}'])
     assert [p.name for p in out if isinstance(p, ToolCall)] == ["a", "b"]
     assert [p.name for p in parser.calls] == ["a", "b"]
+
+
+def test_n_and_logit_bias_reach_the_replica_message():
+    req = parse_chat({"model": "m", "messages": MSG, "n": 16, "seed": 3, "logit_bias": {"50": -100, "007": 2.5}})
+    assert (req.params.n, req.params.logit_bias) == (16, {"50": -100.0, "7": 2.5})
+    wire = req.replica_message().to_wire()["params"]
+    assert wire["n"] == 16 and wire["logit_bias"] == {"50": -100.0, "7": 2.5}
+    req = parse_completion({"model": "m", "prompt": "x", "n": 3, "logit_bias": {}})
+    assert (req.params.n, req.params.logit_bias) == (3, None)
+    assert parse_completion({"model": "m", "prompt": "x"}).params.n == 1
+
+
+def test_n_past_the_limit_names_the_limit():
+    with pytest.raises(OpenAIError) as err:
+        parse_completion({"model": "m", "prompt": "x", "n": 17})
+    assert err.value.status == 400 and err.value.param == "n" and "at most 16" in err.value.message
+
+
+def test_the_delta_event_carries_its_choice_index():
+    from workers.protocol.replica import DeltaEvent
+
+    event = DeltaEvent("r", "x", [1], index=2)
+    assert DeltaEvent.from_wire(json.loads(json.dumps(event.to_wire()))).index == 2
+    assert "index" not in DeltaEvent("r", "x", [1]).to_wire()  # choice 0: as before
+    assert DeltaEvent.from_wire(DeltaEvent("r", "x", [1]).to_wire()).index == 0

@@ -373,8 +373,8 @@ def test_bad_input_gets_openai_errors_never_500(stack):
         assert "context" in _error(r)["message"] and _error(r)["param"] == "messages"
     r = httpx.get(stack["base"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {stack['key']}"})
     assert r.status_code == 405
-    r = _post(stack, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 3})
-    assert r.status_code == 400 and _error(r)["param"] == "n"
+    r = _post(stack, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 17})
+    assert r.status_code == 400 and _error(r)["param"] == "n" and "at most 16" in _error(r)["message"]
     # Through uvicorn too: deep nesting, NaN and a huge seed are 400s, a big body a 413.
     r = _post(stack, "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)
     assert r.status_code == 400 and _error(r)["code"] == "invalid_json"

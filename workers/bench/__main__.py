@@ -92,7 +92,20 @@ def main(argv=None) -> int:
     ml.add_argument("--rounds", type=int, default=3)
     ml.add_argument("--repeat", type=int, default=1, help="steps timed per round and side")
     ml.add_argument("--json", action="store_true", help="print only the JSON line")
+    sa = sub.add_parser("samples", help="n samples forked from shared prompt blocks vs n independent requests")
+    sa.add_argument("--model", help="HF model directory (default: the demo model)")
+    sa.add_argument("--device", default="cpu")
+    sa.add_argument("--threads", type=int, default=1, help="torch threads")
+    sa.add_argument("--n", type=int, default=8)
+    sa.add_argument("--prompt-tokens", type=int, default=400)
+    sa.add_argument("--max-tokens", type=int, default=64)
+    sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "samples":
+        from workers.bench.samples import run
+
+        return run(args)
     if args.name == "mla":
         from workers.bench.mla import run
 

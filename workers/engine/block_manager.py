@@ -166,6 +166,17 @@ class BlockManager:
         self.blocks[bid].ref_count = 1
         return bid
 
+    def share_prefix(self, src: Sequence, dst: Sequence, num_blocks: int) -> None:
+        """Give the empty `dst` the first `num_blocks` computed blocks of `src` (a forked
+        sample, parallel_sampling.py): shared, not copied; each is freed when its last holder
+        lets go."""
+        assert not dst.block_table and num_blocks * self.block_size <= src.num_computed_tokens
+        for bid in src.block_table[:num_blocks]:
+            self._take(bid)
+            dst.block_table.append(bid)
+        dst.block_hashes = src.block_hashes[:num_blocks]  # empty without prefix caching
+        dst.num_computed_tokens = num_blocks * self.block_size
+
     # -- growth -------------------------------------------------------------------------------
     def ensure_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make the block table cover `num_new_tokens` more tokens. False (and no change) if

@@ -51,21 +51,22 @@ class LLM:
                 rid,
                 text,
                 ids,
-                [CompletionOutput(0, "", [], [] if p.logprobs is not None else None, None)],
+                [CompletionOutput(i, "", [], [] if p.logprobs is not None else None, None) for i in range(p.n)],
                 finished=False,
             )
             results[rid].metrics["arrival_time"] = seq.arrival_time
         while self.engine.has_unfinished_requests():
             for delta in self.engine.step():
                 out = results[delta.request_id]
-                comp = out.outputs[0]
+                comp = out.outputs[delta.index]
                 comp.token_ids.extend(delta.new_token_ids)
                 comp.text += delta.new_text
                 if delta.new_logprobs is not None:
                     comp.logprobs.extend(delta.new_logprobs)
                 out.num_cached_tokens = delta.num_cached_tokens
                 if delta.finished:
-                    out.finished = True
+                    comp.finish_reason = delta.finish_reason
+                    out.finished = all(c.finish_reason is not None for c in out.outputs)
                     comp.finish_reason = delta.finish_reason
                     comp.stop_reason = delta.stop_reason
         return [results[rid] for rid in order]

@@ -20,6 +20,7 @@ from workers.engine.loader import eos_token_ids, load_model, weights_identity
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
+from workers.engine.parallel_sampling import fork
 from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
@@ -131,6 +132,9 @@ class LLMEngine:
         reported. They count as output (max_tokens, penalties, the seed's positions, usage), and
         their text is rebuilt exactly as that engine had it, so the text it held back (a possible
         start of a stop string) comes next and a stop string spanning the seam is still found."""
+        if sampling_params.n > 1 and (hold_blocks or output_token_ids):
+            what = "a prefill handed to another replica" if hold_blocks else "resuming a request"
+            raise RequestError(f"n > 1 is not built yet for {what}", "n")
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
         seq.session_turn = session_turn
@@ -162,11 +166,22 @@ class LLMEngine:
         if request_id in self.requests or request_id in self.held:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_prompt([*prompt_token_ids, *output_token_ids])
+        self.check_params(sampling_params)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
         if sampling_params.grammar is not None:
             seq.grammar = self._grammar_state(sampling_params.grammar, output_token_ids)
         self.output.attach(seq)
         return seq
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: logit_bias ids within this vocabulary, and
+        `n` > 1 only where forking samples is built."""
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.logit_bias or () if t >= vocab]
+        if bad:
+            raise RequestError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}", "logit_bias")
+        if params.n > 1 and self.drafter is not None:
+            raise RequestError("n > 1 with speculative decoding is not built yet", "n")
 
     def check_grammar(self, params: SamplingParams) -> None:
         """Compile the request's grammar now (it is cached for when the request is added), so a
@@ -213,6 +228,8 @@ class LLMEngine:
         """Admit a request whose prompt K/V another replica wrote into `block_ids` (from
         `reserve_blocks`) and which sampled `first_token`; returns that token's delta. The
         sequence then decodes here like any other."""
+        if sampling_params.n > 1:
+            raise RequestError("n > 1 is not built yet on a disaggregated deployment", "n")
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
         seq.session_turn = session_turn  # the whole turn, output included, goes to the KV store
         if len(block_ids) != self.block_manager.blocks_needed(len(prompt_token_ids)):
@@ -246,13 +263,16 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> bool:
         self.release_held(request_id)
         seq = self.requests.pop(request_id, None)
-        if seq is None or seq.is_finished:
+        if seq is None or all(sample.is_finished for sample in seq.group):
             return False
-        seq.hold_blocks = False
-        seq.finish_reason = "abort"
-        self.scheduler.finish(seq)
-        if self.drafter is not None:
-            self.drafter.release(seq)
+        for sample in seq.group:  # every sample of the request (parallel_sampling.py)
+            if sample.is_finished:
+                continue
+            sample.hold_blocks = False
+            sample.finish_reason = "abort"
+            self.scheduler.finish(sample)
+            if self.drafter is not None:
+                self.drafter.release(sample)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -272,6 +292,10 @@ class LLMEngine:
         for item in batch.all:
             if not item.draft_token_ids:  # a verifying sequence's K/V is final once verified
                 self.block_manager.mark_computed(item.seq, item.num_tokens)
+        for item in sampling:
+            seq = item.seq
+            if seq.params.n > len(seq.group) and seq.num_output_tokens == 0:
+                self._fork(seq)
         if not any(item.draft_token_ids for item in sampling):
             result = self.sampler(logits, [item.seq for item in sampling])
             self.num_generated_tokens += len(sampling)
@@ -287,6 +311,15 @@ class LLMEngine:
         if self.feeds_drafter and self._speculating():
             self._observe(batch, starts)
         return deltas
+
+    def _fork(self, seq: Sequence) -> None:
+        """Samples 1..n-1 of `seq`, whose prompt is now computed (parallel_sampling.py)."""
+        children = fork(seq, self.block_manager)
+        for child in children:
+            if child.params.grammar is not None:
+                child.grammar = self._grammar_state(child.params.grammar, ())
+            self.output.attach(child)
+        self.scheduler.add_forked(children)
 
     def _speculating(self) -> bool:
         """Whether this step drafts: speculation is on and the batch small enough to pay."""
@@ -376,7 +409,8 @@ class LLMEngine:
             if self.tiers is not None:
                 self.tiers.on_finish(seq)
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
-            self.requests.pop(seq.request_id, None)
+            if all(sample.is_finished for sample in seq.group) and len(seq.group) == seq.group[0].params.n:
+                self.requests.pop(seq.request_id, None)
             if seq.hold_blocks:
                 self.held[seq.request_id] = seq
         return delta

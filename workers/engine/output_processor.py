@@ -64,6 +64,7 @@ class OutputProcessor:
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
+            index=seq.index,
         )
 
     def _append(self, seq: Sequence, token: int, logprobs) -> None:

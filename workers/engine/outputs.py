@@ -40,3 +40,4 @@ class RequestDelta:
     num_output_tokens: int
     num_cached_tokens: int
     stop_reason: int | str | None = None
+    index: int = 0  # which of the request's `n` samples (parallel_sampling.py)

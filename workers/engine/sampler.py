@@ -6,6 +6,8 @@ Greedy rows take the argmax of the penalised logits. Seeded rows draw from a
 its output whatever else shares the batch, and a request resumed on another replica after N
 tokens draws token N+1 exactly as the undisturbed run would have.
 Log-probabilities are those of the model (raw logits), as vLLM reports them.
+`logit_bias` (OpenAI) is added to a row's logits after the penalties, before the grammar mask,
+greedy and sampling; rows without one are untouched, so they sample as in a batch without it.
 
 `verify` checks speculative drafts (spec/rejection.py) with the same per-row processing and the
 same seeded draws, so speculation changes no output distribution, and no seeded output.
@@ -49,6 +51,16 @@ def apply_penalties(logits: torch.Tensor, token_ids: list[int], num_prompt: int,
         counts = torch.bincount(torch.tensor(out, dtype=torch.long, device=logits.device), minlength=vocab)[:vocab]
         logits -= p.frequency_penalty * counts.to(logits.dtype)
         logits -= p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
+    """In place on one row: OpenAI's logit_bias, added to the (penalised) logits. Ids past the
+    row (a vocabulary padded smaller than the tokenizer's) cannot be sampled anyway."""
+    vocab = logits.shape[-1]
+    ids = [t for t in bias if t < vocab]
+    if ids:
+        index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        logits[index] += torch.tensor([bias[t] for t in ids], dtype=logits.dtype, device=logits.device)
 
 
 def top_k_top_p_min_p(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -179,15 +191,22 @@ class Sampler:
     def _prepare(logits: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(penalised fp32 logits, raw logprobs or None when no row asks for them)."""
         logits = logits.float()
-        if any(s.grammar is not None for s in rows) and not any(s.params.has_penalties for s in rows):
+        if any(s.grammar is not None for s in rows) and not any(
+            s.params.has_penalties or s.params.logit_bias for s in rows
+        ):
             logits = logits.clone()  # masked in place next: not the caller's tensor
         want_logprobs = any(s.params.logprobs is not None for s in rows)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        if any(s.params.has_penalties for s in rows):
+        biased = any(s.params.logit_bias for s in rows)
+        if any(s.params.has_penalties for s in rows) or biased:
             logits = logits.clone()
             for row, s in enumerate(rows):
                 if s.params.has_penalties:
                     apply_penalties(logits[row], s.token_ids, s.num_prompt_tokens, s.params)
+        if biased:
+            for row, s in enumerate(rows):
+                if s.params.logit_bias:
+                    apply_logit_bias(logits[row], s.params.logit_bias)
         return logits, raw_logprobs
 
     def _mask(self, logits: torch.Tensor, rows, drafts: list[list[int]] | None = None) -> None:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed's range (it wraps negative seeds; we refuse them)
 MAX_LOGPROBS = 20
+MAX_N = 128  # samples per request the engine takes (the gateway's own limit is lower)
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range for a logit_bias value, either sign
 # Below this a temperature is greedy: dividing fp32 logits by it would overflow them to inf.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -117,6 +119,31 @@ def check_grammar(spec) -> dict:
     return spec
 
 
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def check_logit_bias(bias) -> dict[int, float] | None:
+    """`{token id: bias}` with int keys (JSON's string keys converted), biases in [-100, 100];
+    None or empty: no bias. Ids are checked against a vocabulary by the engine."""
+    if bias is None or bias == {}:
+        return None
+    if not isinstance(bias, dict):
+        raise RequestError(f"logit_bias must be an object mapping token ids to numbers, got {type(bias).__name__}",
+                           "logit_bias")  # fmt: skip
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise RequestError(f"logit_bias has more than {MAX_LOGIT_BIAS_ENTRIES} entries", "logit_bias")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str):
+            if not (key.isascii() and key.isdigit()) or len(key) > 12:
+                raise RequestError(f"logit_bias keys must be token ids, got {_show(key)}", "logit_bias")
+            token = int(key)
+        token = _within("logit_bias", _integer("logit_bias", token), 0)
+        out[token] = _within("logit_bias", _real("logit_bias", value), -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
+    return out
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -135,6 +162,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # Structured output: what the output must match (structured.py), None for free text.
     grammar: dict | None = None
+    # Samples of the prompt (parallel_sampling.py): they share its KV blocks; sample i draws
+    # with seed + i when seeded.
+    n: int = 1
+    # token id -> added to its logit before sampling (OpenAI's logit_bias); keys may be the
+    # JSON form's strings. The engine checks the ids against its vocabulary.
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _within("temperature", _real("temperature", self.temperature), 0)
@@ -164,6 +197,10 @@ class SamplingParams:
         self.skip_special_tokens = _bool("skip_special_tokens", self.skip_special_tokens)
         if self.grammar is not None:
             self.grammar = check_grammar(self.grammar)
+        self.n = _within("n", _integer("n", self.n), 1, MAX_N)
+        if self.seed is not None and self.seed + self.n - 1 > SEED_MAX:
+            raise RequestError(f"seed + n - 1 must be at most {SEED_MAX} (sample i draws with seed + i)", "seed")
+        self.logit_bias = check_logit_bias(self.logit_bias)
 
     @classmethod
     def from_wire(cls, wire: WireSamplingParams) -> SamplingParams:

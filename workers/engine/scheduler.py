@@ -10,7 +10,9 @@ Policy, per step, under a token budget (`max_num_batched_tokens`):
 2. Then waiting sequences join, oldest first, while the budget, the sequence limit and free
    blocks allow; each reuses its cached prefix and prefills in chunks. With KV tiers, a
    sequence whose prefix continues in a tier is admitted once that load is done (the ones
-   behind it go first meanwhile), with the loaded blocks as part of its prefix.
+   behind it go first meanwhile), with the loaded blocks as part of its prefix. A forked
+   sample (parallel_sampling.py) waits at the front with its shared prompt blocks and only
+   needs room for the rest.
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ class Scheduler:
         if free_blocks:
             self.block_manager.free(seq)
 
+    def add_forked(self, seqs: list[Sequence]) -> None:
+        """Forked samples (parallel_sampling.py) go first in the queue, in index order."""
+        for seq in reversed(seqs):
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
     def add_running(self, seq: Sequence) -> None:
         """Admit a sequence whose prompt K/V is already in its blocks (computed elsewhere)."""
         seq.status = SequenceStatus.RUNNING
@@ -137,7 +145,11 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.max_num_seqs or preempted:
                 break
-            if self.tiers is None:
+            forked = bool(seq.block_table)  # a forked sample: its prompt blocks are shared already
+            if forked:
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                cached = seq.num_computed_tokens if bm.ensure_slots(seq, n) else None
+            elif self.tiers is None:
                 cached = bm.allocate(seq, budget)
             elif self.tiers.ready(seq, bm):
                 cached = bm.allocate(seq, budget, self.tiers.loaded_blocks(seq), self.tiers.write_block)
@@ -146,9 +158,9 @@ class Scheduler:
             if cached is None:
                 break
             self.waiting.remove(seq)
-            if self.tiers is not None:
+            if self.tiers is not None and not forked:
                 self.tiers.admitted(seq)
-            if seq.num_preemptions == 0:  # its first admission (a resumed one may have output)
+            if seq.num_preemptions == 0 and not forked:  # its first admission (a resumed one may have output)
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -50,6 +50,10 @@ class Sequence:
         # Structured output (structured.GrammarState): the grammar state after the output so far.
         self.grammar = None
         self._prefix_hashes: list[int] = []
+        # Parallel sampling (parallel_sampling.py): this sample's index among the request's n,
+        # and every sample of the request (this one included), sample 0 first.
+        self.index = 0
+        self.group: list[Sequence] = [self]
 
     @property
     def num_tokens(self) -> int:

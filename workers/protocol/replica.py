@@ -102,6 +102,11 @@ class WireSamplingParams(Wire):
     # Structured output: what the output must match ({"type": "json_schema", "schema": ...},
     # see workers/engine/structured.py); the engine checks the shape and compiles it.
     grammar: dict | None = None
+    # Samples of the prompt; each delta names its sample (`DeltaEvent.index`), each sample ends
+    # with its own final delta.
+    n: int = 1
+    # OpenAI's logit_bias: token id (a string key in JSON) -> bias in [-100, 100].
+    logit_bias: dict | None = None
 
     def to_wire(self) -> dict:
         """Every parameter, None included (`max_tokens` None means up to the context)."""
@@ -313,10 +318,12 @@ class DeltaEvent(Wire):
     usage: Usage | None = None
     timings: Timings | None = None
     disaggregation: Disaggregation | None = None
+    index: int = 0  # the sample (choice) of an `n` > 1 request these tokens belong to
     version: int = VERSION
 
     @property
     def final(self) -> bool:
+        """The last delta of its sample (a request of `n` samples has `n` of them)."""
         return self.finish_reason is not None
 
     def to_wire(self) -> dict:
@@ -324,6 +331,8 @@ class DeltaEvent(Wire):
                                "token_ids": self.token_ids}  # fmt: skip
         if self.t is not None:
             out["t"] = self.t
+        if self.index:
+            out["index"] = self.index
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
         if self.finish_reason is not None:
@@ -353,6 +362,7 @@ class DeltaEvent(Wire):
             get("usage"),
             get("timings"),
             get("disaggregation"),
+            get("index") or 0,
         )
 
 

@@ -65,6 +65,7 @@ class Inflight:
     first_token_at: float | None = None
     last_token_at: float | None = None
     meta: dict = field(default_factory=dict)
+    samples_left: int = 1  # `n`: the request is done when every sample has finished
 
 
 class ReplicaServer:
@@ -224,6 +225,8 @@ class ReplicaServer:
             prefill = message.prefill_replica
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
+            if params.n > 1:
+                prefill = None  # the samples fork from blocks this engine computed (handoff of n: not built)
             turn = message.session_turn
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             if not (self.disagg and prefill is not None
@@ -252,7 +255,7 @@ class ReplicaServer:
             log.exception("admitting request %s failed", rid)
             self._send(reply_to, ErrorEvent(rid, 500, "the replica could not admit the request", code="replica_error"))
             return
-        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs)
+        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs, samples_left=params.n)
         handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
         self._send(reply_to, AcceptedEvent(
             rid,
@@ -298,15 +301,17 @@ class ReplicaServer:
             if req.first_token_at is None:
                 req.first_token_at = now
             req.last_token_at = now
-            event = DeltaEvent(d.request_id, d.new_text, d.new_token_ids, wall)
+            event = DeltaEvent(d.request_id, d.new_text, d.new_token_ids, wall, index=d.index)
             if d.new_logprobs is not None:
                 event.logprobs = [
                     self._logprob_entry(t, lp, req.top_logprobs)
                     for t, lp in zip(d.new_token_ids, d.new_logprobs, strict=True)
                 ]
             if d.finished:
-                self.inflight.pop(d.request_id, None)
-                self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
+                req.samples_left -= 1
+                if not req.samples_left:
+                    self.inflight.pop(d.request_id, None)
+                    self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
                 event.finish_reason = d.finish_reason
                 event.stop_reason = d.stop_reason
                 event.usage = {
