@@ -9,6 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from workers.engine.kernels import quant_matmul
 from workers.engine.kernels._triton import HAS_TRITON
 from workers.engine.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from workers.engine.kernels.kv_write import write_kv_ref, write_kv_triton
@@ -62,11 +63,26 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, sc
     return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale)
 
 
+def int4_linear(x, packed, scale, group_size, cols):
+    if use_triton(x):
+        return quant_matmul.int4_matmul_triton(x, packed, scale, group_size, cols)
+    return quant_matmul.int4_matmul_ref(x, packed, scale, group_size, cols)
+
+
+def fp8_block_linear(x, weight, scale_inv, block):
+    if use_triton(x):
+        return quant_matmul.fp8_block_matmul_triton(x, weight, scale_inv, block)
+    return quant_matmul.fp8_block_matmul_ref(x, weight, scale_inv, block)
+
+
 __all__ = [
     "apply_rotary",
+    "fp8_block_linear",
+    "int4_linear",
     "paged_decode",
     "paged_prefill",
     "plan_decode",
+    "quant_matmul",
     "rms_norm",
     "silu_and_mul",
     "use_triton",
