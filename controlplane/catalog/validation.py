@@ -38,8 +38,16 @@ class ModelInfo:
     weight_files: list[Path]
 
 
+# Quantized checkpoints: scales and shapes are not parameters; an int32 of packed int4 holds 8.
+_NOT_PARAMETERS = (".weight_scale", ".weight_scale_inv", ".weight_shape")
+
+
 def _safetensors_params(path: Path) -> int:
-    return sum(math.prod(meta.get("shape", [])) for meta in safetensors_header(path).values())
+    total = 0
+    for name, meta in safetensors_header(path).items():
+        if not name.endswith(_NOT_PARAMETERS):
+            total += math.prod(meta.get("shape", [])) * (8 if name.endswith(".weight_packed") else 1)
+    return total
 
 
 def check_under_roots(source: str, roots: list[str]) -> Path:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.engine.quant_checkpoints import fp8_config, int4_config, write_quantized
+from workers.bench.quant_checkpoints import fp8_config, int4_config, write_quantized
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import ModelLoadError
 from workers.engine.kernels.quant_matmul import dequantize_fp8_block, pack_int4, unpack_int4

@@ -1,7 +1,8 @@
-"""Quantized twins of a tiny dense checkpoint, in the layouts real models ship, for tests.
+"""Quantized copies of a dense checkpoint, in the layouts real models ship, for the tests
+(tests/engine/test_quantized.py) and `python -m workers.bench quant`.
 
-`write_quantized(src, dst, twin, ...)` reads a dense Hugging Face directory made by
-tests/engine/checkpoints.py and writes two directories:
+`write_quantized(src, dst, twin, quant)` reads a dense Hugging Face directory (one or more
+safetensors files) and writes two directories:
 - `dst`: the quantized checkpoint (config.json with its `quantization_config`, safetensors with
   compressed-tensors pack-quantized int4 tensors or DeepSeek-V3 fp8 block tensors);
 - `twin`: a dense fp32 checkpoint whose weights are exactly what `dst` dequantizes to.
