@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, for a machine lent with a CUDA device (about 5 minutes):
 #   1. the triton kernels against their torch references on CUDA, fp32/fp16/bf16;
-#   2. engine parity tests on CUDA (fp32), then a short engine benchmark in bf16.
+#   2. engine parity tests on CUDA (fp32), then a short engine benchmark in bf16, then the
+#      quantized-weights benchmark (the int4 / fp8 kernels inside the engine).
 # Usage: bash scripts/gpu_check.sh   (expects `make setup` done, or installs the venv itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,5 @@ echo "== kernel tests on CUDA"
 TRITON_INTERPRET=0 SWITCHYARD_TEST_DEVICE=cuda timeout 240 $PY -m pytest -q tests/engine/test_kernels.py
 echo "== engine benchmark (bf16, quick)"
 timeout 240 $PY -m workers.bench engine --device cuda --dtype bfloat16 --quick --no-hf
+echo "== quantized weights benchmark (int4 / fp8 triton kernels, quick)"
+timeout 240 $PY -m workers.bench quant --device cuda --quick
