@@ -48,22 +48,27 @@ def run(args) -> int:
         dirs["fp8"], _ = write_quantized(src, root / "fp8", root / "fp8_twin", fp8_config((128, 128)))
         for name, directory in dirs.items():
             llm = LLM(str(directory), device=args.device, dtype="float32")
-            rows[name] = (weight_bytes(llm.engine.model), _decode_rate(llm, tokens))
+            model = llm.engine.model
+            # The decoder layers alone: where the quantized matrices are (the embedding stays dense).
+            rows[name] = (weight_bytes(model), weight_bytes(model.model.layers), _decode_rate(llm, tokens))
             del llm
-    dense_bytes, dense_rate = rows["dense"]
+    dense_bytes, dense_layers, dense_rate = rows["dense"]
     if not args.json:
         print(
             f"random SmolLM-135M layer shapes, 4 layers, {args.device}, fp32 activations, "
             f"batch-1 decode over {tokens} tokens"
         )
-        print(f"{'weights':<8}{'resident MiB':>14}{'vs dense':>10}{'decode tok/s':>14}{'vs dense':>10}")
-        for name, (nbytes, rate) in rows.items():
+        head = f"{'weights':<8}{'resident MiB':>14}{'vs dense':>10}{'layers MiB':>12}{'vs dense':>10}"
+        print(head + f"{'decode tok/s':>14}{'vs dense':>10}")
+        for name, (nbytes, layers, rate) in rows.items():
             print(
-                f"{name:<8}{nbytes / 2**20:>14.1f}{nbytes / dense_bytes:>10.3f}{rate:>14.1f}{rate / dense_rate:>10.2f}"
+                f"{name:<8}{nbytes / 2**20:>14.1f}{nbytes / dense_bytes:>10.3f}{layers / 2**20:>12.1f}"
+                f"{layers / dense_layers:>10.3f}{rate:>14.1f}{rate / dense_rate:>10.2f}"
             )
     result = {"device": args.device, "decode_tokens": tokens}
-    for name, (nbytes, rate) in rows.items():
+    for name, (nbytes, layers, rate) in rows.items():
         result[f"weight_bytes_{name}"] = nbytes
+        result[f"layer_weight_bytes_{name}"] = layers
         result[f"decode_tok_s_{name}"] = round(rate, 2)
     print(json.dumps(result))
     return 0
