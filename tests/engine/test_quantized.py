@@ -208,3 +208,22 @@ def test_fp8_checkpoint_with_a_bf16_weight_where_fp8_is_expected_fails(dirs, tmp
 
     with pytest.raises(ModelLoadError, match="expected torch.float8_e4m3fn"):
         LLM(str(_tamper(qdir, tmp_path, to_float)), device="cpu", dtype="float32")
+
+
+def test_targets_and_ignore_follow_compressed_tensors_matching():
+    quant = quantization_config(
+        {
+            "quantization_config": int4_config(
+                ignore=("lm_head", "re:.*mlp\\.(gate|up|down)_proj$"), targets=("re:.*mlp.*",)
+            )
+        }
+    )
+    assert quant.scheme_for("model.layers.1.mlp.experts.0.up_proj").group_size == 32
+    assert quant.scheme_for("model.layers.0.mlp.up_proj") is None  # Kimi's dense first layer
+    assert quant.scheme_for("model.layers.1.self_attn.q_proj") is None  # not a target
+    assert quant.scheme_for("lm_head") is None
+    fp8 = quantization_config(
+        {"quantization_config": {**fp8_config(), "modules_to_not_convert": ["model.layers.0.mlp.down_proj"]}}
+    )
+    assert fp8.scheme_for("model.layers.0.mlp.up_proj").block == (128, 128)
+    assert fp8.scheme_for("model.layers.0.mlp.down_proj") is None and fp8.scheme_for("lm_head") is None
