@@ -2,7 +2,8 @@
 # GPU check, for a machine lent with a CUDA device (about 5 minutes):
 #   1. the triton kernels against their torch references on CUDA, fp32/fp16/bf16 (MLA decode again
 #      on its own, then `bench mla` on the device);
-#   2. engine parity tests on CUDA (fp32), then a short engine benchmark in bf16.
+#   2. engine parity tests on CUDA (fp32), then a short engine benchmark in bf16, then the
+#      quantized-weights benchmark (the int4 / fp8 kernels inside the engine).
 # Usage: bash scripts/gpu_check.sh   (expects `make setup` done, or installs the venv itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,3 +20,5 @@ TRITON_INTERPRET=0 SWITCHYARD_TEST_DEVICE=cuda timeout 120 $PY -m pytest -q test
 timeout 120 $PY -m workers.bench mla --device cuda --dtype bfloat16 --heads 128 --context 8192 --batch 8
 echo "== engine benchmark (bf16, quick)"
 timeout 240 $PY -m workers.bench engine --device cuda --dtype bfloat16 --quick --no-hf
+echo "== quantized weights benchmark (int4 / fp8 triton kernels, quick)"
+timeout 240 $PY -m workers.bench quant --device cuda --quick

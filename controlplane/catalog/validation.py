@@ -2,10 +2,10 @@
 
 The directory layout (config.json, supported architecture, weight files) is checked by
 `workers.protocol.model_files`, the same code the engine loads with; here we add the safetensors
-headers (for the parameter count), the tokenizer check, the checksum, and the model roots a
-directory must be under (MODEL_ROOTS). An EAGLE-3 draft head registers too (checked whole by
-`workers.protocol.draft_models`; it has no tokenizer of its own): it is a deployment's
-`draft_model`, never a model served on its own.
+headers (for the parameter count), the quantization format (workers.protocol.quantization), the
+tokenizer check, the checksum, and the model roots a directory must be under (MODEL_ROOTS). An
+EAGLE-3 draft head registers too (checked whole by `workers.protocol.draft_models`; it has no
+tokenizer of its own): it is a deployment's `draft_model`, never a model served on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from workers.protocol.model_files import (
     read_config,
     weight_files,
 )
+from workers.protocol.quantization import quantization_config
 
 
 @dataclass
@@ -37,8 +38,16 @@ class ModelInfo:
     weight_files: list[Path]
 
 
+# Quantized checkpoints: scales and shapes are not parameters; an int32 of packed int4 holds 8.
+_NOT_PARAMETERS = (".weight_scale", ".weight_scale_inv", ".weight_shape")
+
+
 def _safetensors_params(path: Path) -> int:
-    return sum(math.prod(meta.get("shape", [])) for meta in safetensors_header(path).values())
+    total = 0
+    for name, meta in safetensors_header(path).items():
+        if not name.endswith(_NOT_PARAMETERS):
+            total += math.prod(meta.get("shape", [])) * (8 if name.endswith(".weight_packed") else 1)
+    return total
 
 
 def check_under_roots(source: str, roots: list[str]) -> Path:
@@ -70,6 +79,7 @@ def inspect_directory(directory: str | Path) -> ModelInfo:
             raise UnsupportedArchitectureError(
                 f"{exc}; EAGLE-3 draft heads ({', '.join(EAGLE3_ARCHITECTURES)}) register as drafts"
             ) from None
+        quantization_config(config, str(root / "config.json"))  # a format the engine cannot load is refused now
         if not model_file(root, "tokenizer.json").is_file():
             raise ModelDirectoryError(f"{root} has no tokenizer.json")
     files = weight_files(root)

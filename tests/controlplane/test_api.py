@@ -82,6 +82,36 @@ def test_register_unsupported_architecture(staff_client, model_dir, tmp_path):
     assert response.status_code == 400 and "GPT2LMHeadModel" in response.json()["source"][0]
 
 
+def _with_quantization(model_dir, target, quant):
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, target)
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "quantization_config": quant}))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("quant", "message"),
+    [({"quant_method": "awq", "bits": 4}, "quant_method 'awq'"), ({"quant_method": "fp8"}, "per-tensor fp8")],
+)
+def test_register_unsupported_quantization_is_400_naming_it(staff_client, model_dir, tmp_path, quant, message):
+    target = _with_quantization(model_dir, tmp_path / "q", quant)
+    response = staff_client.post("/api/v1/models/", {"name": "q", "source": str(target)}, format="json")
+    assert response.status_code == 400 and message in response.json()["source"][0]
+
+
+def test_register_int4_checkpoint_counts_packed_parameters(staff_client, model_dir, tmp_path):
+    from workers.bench.quant_checkpoints import int4_config, write_quantized
+
+    dense = staff_client.post("/api/v1/models/", {"name": "d", "source": str(model_dir)}, format="json").json()
+    qdir, _ = write_quantized(model_dir, tmp_path / "q", tmp_path / "twin", int4_config())
+    response = staff_client.post("/api/v1/models/", {"name": "q", "source": str(qdir)}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["parameter_count"] == dense["parameter_count"]
+
+
 def test_missing_field_is_named(staff_client):
     response = staff_client.post("/api/v1/deployments/", {"slug": "x"}, format="json")
     assert response.status_code == 400

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workers.engine.config import RopeConfig
-from workers.engine.kernels import activation, kv_write, mla, paged_attention, rmsnorm, rotary
+from workers.engine.kernels import activation, kv_write, mla, paged_attention, quant_matmul, rmsnorm, rotary
 from workers.engine.layers.rotary import cos_sin_table
 
 DEVICE = os.environ.get("SWITCHYARD_TEST_DEVICE", "cpu")
@@ -176,3 +176,29 @@ def test_mla_absorbed_decode_equals_expanded_attention():
     q = torch.cat((torch.einsum("hn,hnc->hc", q_nope, w_uk), q_pe), -1)[None]
     o_lat = mla.mla_decode_ref(q, cache, table, torch.tensor([ctx], dtype=torch.int32), lora, 0.2)
     assert torch.allclose(torch.einsum("hc,hvc->hv", o_lat[0], w_uv), expanded, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 21])
+def test_int4_matmul_dequantizes_in_kernel(dtype, m):
+    # 70 inputs: a partial int32 word and a partial scale group at the row's end.
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(-8, 8, (45, 70), dtype=torch.int8, generator=g)
+    packed = quant_matmul.pack_int4(q).to(DEVICE)
+    scale = (torch.rand(45, 3, generator=g) * 0.1).to(DEVICE, dtype)
+    x = rand(m, 70, dtype=dtype)
+    want = quant_matmul.int4_matmul_ref(x.float(), packed, scale.float(), 32, 70)
+    got = quant_matmul.int4_matmul_triton(x, packed, scale, 32, 70, block_k=32)
+    assert got.dtype == dtype and got.shape == (m, 45)
+    close(got / want.abs().max(), want / want.abs().max(), dtype)
+
+
+@pytest.mark.parametrize("m", [1, 21])
+def test_fp8_block_matmul_dequantizes_in_kernel(dtype, m):
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(45, 70, generator=g).to(torch.float8_e4m3fn).to(DEVICE)
+    scale_inv = torch.rand(2, 3, generator=g).to(DEVICE)  # 32×32 blocks, the last ones partial
+    x = rand(m, 70, dtype=dtype)
+    want = quant_matmul.fp8_block_matmul_ref(x.float(), weight, scale_inv, (32, 32))
+    got = quant_matmul.fp8_block_matmul_triton(x, weight, scale_inv, (32, 32))
+    assert got.dtype == dtype and got.shape == (m, 45)
+    close(got / want.abs().max(), want / want.abs().max(), dtype)

@@ -14,6 +14,10 @@ def main(argv=None) -> int:
     eng.add_argument("--quick", action="store_true", help="fewer tokens (for smoke runs)")
     eng.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     eng.add_argument("--json", action="store_true", help="print only the JSON line")
+    qu = sub.add_parser("quant", help="resident weight bytes and decode tok/s: dense vs int4 vs fp8 weights")
+    qu.add_argument("--device", default="cpu")
+    qu.add_argument("--quick", action="store_true", help="fewer tokens (for smoke runs)")
+    qu.add_argument("--json", action="store_true", help="print only the JSON line")
     gw = sub.add_parser("gateway", help="latency the serving path adds per token; concurrent streams held")
     gw.add_argument("--model", help="HF model directory (default: the demo model)")
     gw.add_argument("--threads", type=int, default=1, help="torch threads of the replica and the engine baseline")
@@ -132,6 +136,10 @@ def main(argv=None) -> int:
         return run(args)
     if args.name == "pd":
         from workers.bench.pd import run
+
+        return run(args)
+    if args.name == "quant":
+        from workers.bench.quant import run
 
         return run(args)
     if args.name == "engine":

@@ -13,6 +13,7 @@ import torch
 
 from workers.engine.errors import ModelLoadError
 from workers.protocol.model_files import architecture, max_context, read_config, sliding_window
+from workers.protocol.quantization import QuantConfig, quantization_config
 
 DTYPES = {
     "float32": torch.float32,
@@ -79,6 +80,8 @@ class ModelConfig:
     # DeepseekV3ForCausalLM only (models/deepseek_v3.py): latent attention and experts.
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
+    # Which linear layers hold int4 / fp8 weights (None: a dense checkpoint).
+    quantization: QuantConfig | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -87,6 +90,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
         arch = architecture(raw, source)
+        quant = quantization_config(raw, source)
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -115,6 +119,7 @@ class ModelConfig:
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
+                quantization=quant,
             )
             if arch in MLA_ARCHITECTURES:
                 fields.update(deepseek_parts(raw, source))

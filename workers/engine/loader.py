@@ -1,5 +1,9 @@
 """Load a Hugging Face model directory: config, safetensors weights (single file or sharded
-index, memory-mapped, copied once into the model's parameters), generation config."""
+index, memory-mapped, copied once into the model's parameters), generation config.
+
+A quantized checkpoint needs nothing here: `ModelConfig.quantization` (read from config.json's
+`quantization_config`) makes the model build int4 / fp8 layers where the checkpoint has them
+(layers/quantized.py), and those copy the packed tensors in as they are."""
 
 from __future__ import annotations
 

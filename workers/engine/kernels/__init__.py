@@ -9,6 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from workers.engine.kernels import quant_matmul
 from workers.engine.kernels._triton import HAS_TRITON
 from workers.engine.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from workers.engine.kernels.kv_write import write_kv_ref, write_kv_triton
@@ -68,12 +69,27 @@ def mla_decode(q, cache, block_tables, context_lens, kv_lora_rank, scale, plan=N
     return fn(q, cache, block_tables, context_lens, kv_lora_rank, scale, plan)
 
 
+def int4_linear(x, packed, scale, group_size, cols):
+    if use_triton(x):
+        return quant_matmul.int4_matmul_triton(x, packed, scale, group_size, cols)
+    return quant_matmul.int4_matmul_ref(x, packed, scale, group_size, cols)
+
+
+def fp8_block_linear(x, weight, scale_inv, block):
+    if use_triton(x):
+        return quant_matmul.fp8_block_matmul_triton(x, weight, scale_inv, block)
+    return quant_matmul.fp8_block_matmul_ref(x, weight, scale_inv, block)
+
+
 __all__ = [
     "apply_rotary",
+    "fp8_block_linear",
+    "int4_linear",
     "mla_decode",
     "paged_decode",
     "paged_prefill",
     "plan_decode",
+    "quant_matmul",
     "rms_norm",
     "silu_and_mul",
     "use_triton",

@@ -2,7 +2,9 @@
 Qwen2 and Qwen3 specialise (`attention_bias`, `qk_norm` in `ModelConfig` switch their parts).
 
 Projections are fused for speed: q/k/v → `qkv_proj` and gate/up → `gate_up_proj`;
-`load_weights` maps the Hugging Face tensor names onto the fused slices.
+`load_weights` maps the Hugging Face tensor names onto the fused slices. Linear layers come from
+`make_linear`, which makes them int4 or fp8 where the checkpoint's quantization_config says so
+(layers/quantized.py); those load their own tensors.
 """
 
 from __future__ import annotations
@@ -18,17 +20,24 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata, PagedAttention
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.quantized import QuantizedLinear, make_linear, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, prefix: str):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = make_linear(
+            cfg.quantization,
+            [f"{prefix}.{p}_proj" for p in "qkv"],
+            cfg.hidden_size,
+            (self.q_size, self.kv_size, self.kv_size),
+            bias=cfg.attention_bias,
+        )
+        self.o_proj = make_linear(cfg.quantization, f"{prefix}.o_proj", self.q_size, cfg.hidden_size)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -57,22 +66,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, prefix: str):
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        q, n = cfg.quantization, cfg.intermediate_size
+        self.gate_up_proj = make_linear(q, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], cfg.hidden_size, (n, n))
+        self.down_proj = make_linear(q, f"{prefix}.down_proj", n, cfg.hidden_size)
 
     def forward(self, x):
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, prefix: str):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, f"{prefix}.mlp")
 
     def forward(self, x, rope, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, meta)
@@ -83,7 +93,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, f"model.layers.{i}") for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Layers whose outputs an EAGLE-3 head reads (LlamaForCausalLM.capture_aux_hidden_states).
         self.aux_layer_ids: tuple[int, ...] = ()
@@ -114,7 +124,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:  # the embedding's matrix, so never quantized
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        else:
+            self.lm_head = make_linear(cfg.quantization, "lm_head", cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer(
@@ -177,9 +190,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         layout = self._checkpoint_layout()
-        missing = set(layout)
+        quantized = quantized_tensor_layout(self)
+        missing = set(layout) | set(quantized)
         for name, tensor in tensors:
             if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            if name in quantized:
+                module, suffix, part_rows = quantized[name]
+                module.load_tensor(name, suffix, tensor, part_rows)
+                missing.discard(name)
                 continue
             if name not in layout:
                 raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
@@ -194,5 +213,5 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, QuantizedLinear)):
                 module.prepare()
