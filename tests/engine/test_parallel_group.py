@@ -1,6 +1,7 @@
 """A parallel group fails as a whole: a dead rank ends the request with an error within
 seconds and no rank is left running; what a group cannot run is refused before any rank starts."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -87,6 +88,9 @@ def test_killing_rank_0_leaves_no_rank_behind(llama_dir, tmp_path):
     assert wait_gone(pids) == []
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2}
+
+
 def config(**kw) -> ModelConfig:
     raw = {
         "architectures": ["LlamaForCausalLM"],
@@ -97,7 +101,9 @@ def config(**kw) -> ModelConfig:
         "num_key_value_heads": 2,
         "vocab_size": 320,
     }
-    return ModelConfig.from_dict({**raw, **kw})
+    arch = kw.pop("architecture", None)  # one the engine may serve, but not in parallel
+    cfg = ModelConfig.from_dict({**raw, **kw})
+    return dataclasses.replace(cfg, architecture=arch) if arch else cfg
 
 
 @pytest.mark.parametrize(
@@ -107,9 +113,9 @@ def config(**kw) -> ModelConfig:
         ({"num_attention_heads": 6, "num_key_value_heads": 3}, {}, {"tensor_parallel_size": 2}, "3 KV heads"),
         ({}, {}, {"pipeline_parallel_size": 3}, "2 layers cannot fill"),
         ({}, {}, {"pipeline_parallel_size": 2, "pipeline_stages": (2, 1)}, "pipeline_stages"),
-        ({}, {"speculative_config": {"method": "ngram"}}, {"tensor_parallel_size": 2}, "speculative decoding"),
+        ({}, {"speculative_config": NGRAM}, {"tensor_parallel_size": 2}, "speculative decoding"),
         ({}, {"kv_tiers": {"dram_bytes": 1 << 20}}, {"pipeline_parallel_size": 2}, "KV tiers"),
-        ({"architectures": ["DeepseekV3ForCausalLM"]}, {}, {"tensor_parallel_size": 2}, "not built yet"),
+        ({"architecture": "DeepseekV3ForCausalLM"}, {}, {"tensor_parallel_size": 2}, "not built yet"),
     ],
 )
 def test_what_a_group_cannot_run_is_refused(model, engine, parallel, message):
@@ -119,7 +125,7 @@ def test_what_a_group_cannot_run_is_refused(model, engine, parallel, message):
 
 def test_the_engine_refuses_before_starting_ranks(llama_dir):
     with pytest.raises(RequestError, match="speculative decoding"):
-        LLM(str(llama_dir), tensor_parallel_size=2, speculative_config={"method": "ngram"})
+        LLM(str(llama_dir), tensor_parallel_size=2, speculative_config=NGRAM)
 
 
 def test_stages_split_layers_evenly_unless_told():
