@@ -11,13 +11,13 @@ import psutil
 log = logging.getLogger(__name__)
 
 
-def discover(cpu_memory_bytes: int) -> list[dict]:
+def discover(cpu_memory_bytes: int, cpu_devices: int = 1) -> list[dict]:
     devices = _cuda_devices()
     if devices:
         return devices
     return [
         {
-            "index": 0,
+            "index": i,
             "kind": "cpu",
             "name": f"{platform.processor() or platform.machine()} ({psutil.cpu_count()} cores)",
             "memory_total": cpu_memory_bytes,
@@ -25,6 +25,7 @@ def discover(cpu_memory_bytes: int) -> list[dict]:
             "utilization": psutil.cpu_percent(interval=None),
             "health": "healthy",
         }
+        for i in range(cpu_devices)
     ]
 
 

@@ -681,6 +681,10 @@ class ReplicaSpec(Wire):
     redis_url: str = "redis://127.0.0.1:6379/0"
     speculative: SpeculativeSpec | None = None  # None: no speculation
     kv_tiers: KVTiersSpec | None = None  # None: the device prefix cache alone
+    # One process per device (the engine's parallel/): this process is rank 0 and starts the
+    # others on the replica's devices in order (CUDA_VISIBLE_DEVICES), rank r on device r.
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
     extra: dict = field(default_factory=dict)
     version: int = VERSION
 
