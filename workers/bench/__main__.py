@@ -83,7 +83,15 @@ def main(argv=None) -> int:
     st.add_argument("--threads", type=int, default=1, help="torch threads")
     st.add_argument("--rounds", type=int, default=5, help="rounds; tokens/s is the median")
     st.add_argument("--json", action="store_true", help="print only the JSON line")
+    pa = sub.add_parser("parallel", help="tensor and pipeline parallelism: tp=1 vs tp=2 vs pp=2, one core per rank")
+    pa.add_argument("--model", help="HF model directory (default: a random 8-layer checkpoint, 2k context)")
+    pa.add_argument("--quick", action="store_true", help="a tiny model and a 256-token prompt (for smoke runs)")
+    pa.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "parallel":
+        from workers.bench.parallel import run
+
+        return run(args)
     if args.name == "structured":
         from workers.bench.structured import run
 

@@ -153,3 +153,4 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     pipeline_stages: tuple[int, ...] | None = None
     parallel_timeout_s: float = 30.0
+    parallel_threads_per_rank: int | None = None  # CPU: None shares the cores evenly

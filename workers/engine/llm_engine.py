@@ -63,7 +63,7 @@ class LLMEngine:
         progress("loading weights", 0.15)
         self.parallel = ParallelConfig(
             config.tensor_parallel_size, config.pipeline_parallel_size, config.pipeline_stages,
-            timeout_s=config.parallel_timeout_s,
+            timeout_s=config.parallel_timeout_s, threads_per_rank=config.parallel_threads_per_rank,
         )  # fmt: skip
         self.parallel.validate(self.model_config, config)
         self.group = None
