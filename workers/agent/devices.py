@@ -60,12 +60,7 @@ def _cuda_devices() -> list[dict]:
 
 def stats(devices: list[dict]) -> list[dict]:
     """Fresh utilisation/memory figures for the heartbeat."""
-    if devices and devices[0]["kind"] == "cpu":
-        return [
-            {
-                **devices[0],
-                "utilization": psutil.cpu_percent(interval=None),
-                "memory_used": min(psutil.virtual_memory().used, devices[0]["memory_total"]),
-            }
-        ]
+    if devices and devices[0]["kind"] == "cpu":  # the CPU devices share one machine's figures
+        utilization, used = psutil.cpu_percent(interval=None), psutil.virtual_memory().used
+        return [{**d, "utilization": utilization, "memory_used": min(used, d["memory_total"])} for d in devices]
     return _cuda_devices() or devices

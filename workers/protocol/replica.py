@@ -501,6 +501,9 @@ class ReplicaLoad(TypedDict, total=False):
     handoffs_waiting: int
     kv_transfer: dict  # KV transfer counters
     kv_tiers: KVTiersLoad  # replicas with KV tiers
+    # Per rank (one entry on a single device), measured after load: bytes of weights, KV cache
+    # and the rest of the process ({"rank", "weights", "kv_cache", "other"}).
+    rank_memory: list[dict]
 
 
 class SpeculativeMetrics(TypedDict):

@@ -84,6 +84,8 @@ class ReplicaServer:
         self.redis_lost_at: float | None = None  # monotonic time Redis was found unreachable
         self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
         self.metrics = ReplicaMetrics()
+        # Measured once after load (on a parallel group, one collective over the ranks).
+        self.rank_memory = engine.rank_memory() if hasattr(engine, "rank_memory") else []
         self.status_key = protocol.status_key(spec.replica_id)
         self.stream = protocol.requests_key(spec.replica_id)
         self.kv_key = kv_index_key(spec.replica_id)
@@ -434,6 +436,8 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
+        if self.rank_memory:
+            load["rank_memory"] = self.rank_memory
         tiers = tier_metrics(self.engine.tier_stats())
         if tiers is not None:
             load["kv_tiers"] = tiers
