@@ -10,18 +10,19 @@ import openai
 import psutil
 import pytest
 
-from tests.support.stack import demo_model, processes, stack_env, wait_online, wait_ready, wait_web
+from tests.support.stack import demo_model, processes, stack_env, wait_for, wait_online, wait_ready, wait_web
 from workers.bench.processes import free_port
 from workers.demo import MODEL_DIR
 
 # transaction=True: what the test writes is for the stack's processes to read.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.django_db(transaction=True)]
 
 
 def test_a_tp2_deployment_serves_the_openai_client(tmp_path):
     from django.contrib.auth import get_user_model
     from django.test import Client
 
+    from controlplane.deployments.models import Replica
     from controlplane.gateway.services import create_api_key
     from workers.engine import LLM, SamplingParams
 
@@ -51,8 +52,10 @@ def test_a_tp2_deployment_serves_the_openai_client(tmp_path):
         [replica] = wait_ready("tp", 1, 240)
         shown = api.get(f"/api/v1/replicas/{replica.pk}/").json()
         assert shown["ranks"] == [{"rank": 0, "device": "cpu:0"}, {"rank": 1, "device": "cpu:1"}]
-        # The replica process is rank 0; rank 1 is its child.
-        assert len(psutil.Process(replica.pid).children()) >= 1
+        # Each rank reported its memory: about half the weights each.
+        load = wait_for(lambda: api.get(f"/api/v1/replicas/{replica.pk}/").json()["load"], 30, "the replica's load")
+        assert [m["rank"] for m in load["rank_memory"]] == [0, 1]
+        assert all(m["weights"] > 0 and m["kv_cache"] > 0 for m in load["rank_memory"])
 
         base = f"http://127.0.0.1:{port}"
         wait_web(base)
@@ -63,3 +66,16 @@ def test_a_tp2_deployment_serves_the_openai_client(tmp_path):
         )[0]
         assert reply.choices[0].text == single.outputs[0].text
         assert reply.usage.completion_tokens == len(single.outputs[0].token_ids)
+
+        # Rank 1 (rank 0's child) dies: the replica exits and the agent restarts the group.
+        [rank1] = [p for p in psutil.Process(replica.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+        rank1.kill()
+        restarted = wait_for(
+            lambda: Replica.objects.filter(deployment__slug="tp", state="ready", restart_count__gte=1).first(),
+            240,
+            "the group restarted",
+        )
+        assert not psutil.pid_exists(rank1.pid) or rank1.status() == psutil.STATUS_ZOMBIE
+        assert not psutil.pid_exists(replica.pid) or restarted.pid != replica.pid
+        again = client.completions.create(model="tp", prompt="The capital of Japan is", max_tokens=8, temperature=0)
+        assert again.choices[0].text == single.outputs[0].text

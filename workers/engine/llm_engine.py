@@ -434,6 +434,12 @@ class LLMEngine:
         if self.group is not None:
             self.group.close()
 
+    def check_health(self) -> None:
+        """Raise ParallelError if a rank of this engine's group has died (a no-op on one
+        device): the replica calls it while idle too, so a dead rank restarts the group at once."""
+        if self.group is not None:
+            self.group.check()
+
     def rank_memory(self) -> list[dict]:
         """Per rank: bytes of weights, KV cache and the rest ({"rank", "weights", "kv_cache",
         "other"}); one entry for a single-device engine."""

@@ -421,6 +421,7 @@ class ReplicaServer:
         if self._last_beat and now - self._last_beat > protocol.HEARTBEAT_STALE_SECONDS / 2:
             log.warning("heartbeat %.1fs late: one loop pass took too long", now - self._last_beat)
         self._last_beat = now
+        self.engine.check_health()  # a parallel group's dead rank ends this process: restarted whole
         stats = self.engine.stats()
         mark_t, mark_n = self._rate_mark
         if now - mark_t >= 1.0:
