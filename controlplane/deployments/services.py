@@ -97,10 +97,7 @@ def _publish_replica(r: Replica) -> None:
 # -- validation ---------------------------------------------------------------------------------
 # Settings the model stores but nothing honours yet: (field, the value that means "off", what
 # to say). Any other value is refused with a 400 rather than accepted and ignored.
-DEPLOYMENT_NOT_BUILT = (
-    ("tensor_parallel", 1, "tensor_parallel > 1 is not built yet: a replica runs on one device"),
-    ("pipeline_parallel", 1, "pipeline_parallel > 1 is not built yet: a replica runs on one device"),
-)
+DEPLOYMENT_NOT_BUILT = ()
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")  # RFC 9110 token
 RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "cookie"})
@@ -148,6 +145,7 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
         if data.get("decode_replicas", 0) < 1:
             raise DomainError("a disaggregated deployment needs at least one decode replica", "decode_replicas")
     _refuse_unbuilt(data, DEPLOYMENT_NOT_BUILT)
+    validate_parallel(data)
     model = data.get("model")
     max_len = data.get("max_model_len")
     if model is not None and max_len and model.context_length and max_len > model.context_length:
@@ -165,6 +163,35 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
         )
     validate_speculation(data, check_files=changed is None or bool(changed & set(SPECULATION_FIELDS)))
     check_deployment_fits(data, changed)  # its weights fit the CUDA devices it would be placed on
+
+
+def validate_parallel(data: dict) -> None:
+    """A replica over tensor_parallel x pipeline_parallel devices of one node (the engine's
+    parallel/ package): refuse what such a replica cannot run, and a size no node can hold."""
+    tp, pp = data.get("tensor_parallel") or 1, data.get("pipeline_parallel") or 1
+    need = tp * pp
+    if need == 1:
+        return
+    if data.get("mode") == Deployment.Mode.DISAGGREGATED:
+        raise DomainError(
+            "disaggregated prefill/decode with tensor_parallel or pipeline_parallel > 1 is not built yet "
+            "(rank-to-rank KV transfer between groups)",
+            "tensor_parallel",
+        )
+    if data.get("speculative_method", Deployment.Speculative.NONE) != Deployment.Speculative.NONE:
+        raise DomainError(
+            "speculative decoding with tensor_parallel or pipeline_parallel > 1 is not built yet", "speculative_method"
+        )
+    sizes = [
+        node.devices.filter(health=Device.Health.HEALTHY).count()
+        for node in placeable_nodes()
+    ]  # fmt: skip
+    if sizes and max(sizes) < need:
+        raise DomainError(
+            f"tensor_parallel {tp} x pipeline_parallel {pp} needs {need} devices on one node; the largest "
+            f"online node has {max(sizes)} healthy device{'s' * (max(sizes) != 1)}",
+            "tensor_parallel",
+        )
 
 
 @transaction.atomic
@@ -355,8 +382,9 @@ def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
     for node in nodes:
         for kind in (Device.Kind.CUDA, Device.Kind.CPU):
             free = _free_devices(node, kind)
-            if kind == Device.Kind.CPU and free:
-                return node, free[:1]  # CPU replicas share the node's CPU device
+            if kind == Device.Kind.CPU and len(free) >= need:
+                # CPU replicas share the node's CPU devices; a parallel one takes one per rank.
+                return node, free[:need]
             if len(free) >= need:
                 return node, free[:need]
     return None

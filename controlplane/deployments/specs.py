@@ -37,6 +37,8 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         local_prefill_tokens=config["PD_LOCAL_PREFILL_TOKENS"],
         speculative=speculative_spec(deployment, replica.role),
         kv_tiers=kv_tiers_spec(policy),
+        tensor_parallel=deployment.tensor_parallel,
+        pipeline_parallel=deployment.pipeline_parallel,
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )
 

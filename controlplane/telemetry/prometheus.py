@@ -235,6 +235,12 @@ def render(redis_client) -> str:
             for key, (name, help_text) in table.items():
                 if key in source:
                     exp.add(name, kind, help_text, labels, source[key])
+        for entry in load.get("rank_memory") or []:  # per rank: weights, KV cache, the rest
+            for kind in ("weights", "kv_cache", "other"):
+                if isinstance(entry, dict) and kind in entry:
+                    exp.add("switchyard_replica_rank_memory_bytes", "gauge",
+                            "bytes a replica's rank holds after load, by kind (weights, kv_cache, other)",
+                            {**labels, "rank": entry.get("rank", 0), "kind": kind}, entry[kind])  # fmt: skip
         if isinstance(load.get("kv_tiers"), dict):  # only replicas with KV tiers report them
             _kv_tiers(exp, labels, load["kv_tiers"])
         if isinstance(metrics.get("speculative"), dict):  # only replicas that speculate report it

@@ -4,7 +4,10 @@ naming the field, never accepted and ignored."""
 import pytest
 
 from controlplane.catalog.services import register_model
-from controlplane.deployments.models import CachePolicy, Deployment
+from controlplane.deployments.models import CachePolicy, Deployment, Replica
+from controlplane.deployments.services import _place
+from controlplane.deployments.specs import build_spec
+from controlplane.inventory.services import register_node
 
 pytestmark = pytest.mark.django_db
 
@@ -14,23 +17,55 @@ def model():
     return register_model(name="tiny", source="org/tiny", source_type="hub")
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "says"),
-    [
-        ("tensor_parallel", 2, "tensor_parallel > 1 is not built yet"),
-        ("pipeline_parallel", 2, "pipeline_parallel > 1 is not built yet"),
-    ],
-)
-def test_deployment_settings_not_built_are_refused_naming_the_field(staff_client, model, field, value, says):
-    response = staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "tiny", field: value}, format="json")
+@pytest.fixture
+def cpu_node(db):
+    """A CPU node reporting two devices (the agent's CPU_DEVICES=2)."""
+    return register_node(
+        name="cpu-a",
+        hostname="host-a",
+        devices=[{"index": i, "kind": "cpu", "name": "cpu", "memory_total": 8 << 30} for i in range(2)],
+    )
+
+
+def test_a_parallel_replica_larger_than_any_node_is_refused_naming_the_numbers(staff_client, model, cpu_node):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": 4}
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
     assert response.status_code == 400
-    assert says in response.json()[field][0]
+    says = response.json()["tensor_parallel"][0]
+    assert "tensor_parallel 4 x pipeline_parallel 1 needs 4 devices" in says and "has 2 healthy devices" in says
     assert not Deployment.objects.exists()
 
-    staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "tiny"}, format="json")
-    patched = staff_client.patch("/api/v1/deployments/d/", {field: value}, format="json")
-    assert patched.status_code == 400 and says in patched.json()[field][0]
-    assert getattr(Deployment.objects.get(slug="d"), field) != value
+
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        ({"mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}, "tensor_parallel", "not built yet"),
+        ({"speculative_method": "ngram"}, "speculative_method", "not built yet"),
+    ],
+)
+def test_what_a_parallel_replica_cannot_run_is_refused(staff_client, model, cpu_node, extra, field, says):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": 2, **extra}
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 400
+    assert says in response.json()[field][0]
+
+
+def test_a_parallel_replica_takes_one_device_per_rank_on_one_node(staff_client, model, cpu_node):
+    response = staff_client.post(
+        "/api/v1/deployments/", {"slug": "d", "model": "tiny", "tensor_parallel": 2}, format="json"
+    )
+    assert response.status_code == 201, response.json()
+    dep = Deployment.objects.get(slug="d")
+    placed = _place(dep)
+    assert placed is not None
+    node, devices = placed
+    assert node == cpu_node and sorted(d.index for d in devices) == [0, 1]
+    replica = Replica.objects.create(deployment=dep, node=node, role="colocated")
+    replica.devices.set(devices)
+    spec = build_spec(replica)
+    assert (spec.tensor_parallel, spec.pipeline_parallel) == (2, 1)
+    shown = staff_client.get(f"/api/v1/replicas/{replica.pk}/").json()
+    assert shown["ranks"] == [{"rank": 0, "device": "cpu:0"}, {"rank": 1, "device": "cpu:1"}]
 
 
 def test_deployment_defaults_spelled_out_are_accepted(staff_client, model):

@@ -44,7 +44,7 @@ def replica(deployment, state=Replica.State.READY) -> Replica:
 
 
 def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl=(0, 0, 0, 0), ttft=(0, 0, 0, 0),
-           running=0, waiting=0, free=10, spec=None, tiers=None):  # fmt: skip
+           running=0, waiting=0, free=10, spec=None, tiers=None, rank_memory=None):  # fmt: skip
     """A replica's heartbeat: the fields and encoding of workers/replica/server.py (`spec`: the
     SpeculativeMetrics of a replica that speculates; `tiers`: its engine's tier_stats())."""
     hist = lambda counts: {"buckets": BUCKETS, "counts": list(counts), "sum": 0.0, "count": sum(counts)}  # noqa: E731
@@ -52,6 +52,8 @@ def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl
             "prefix_cache_hits": hits, "prefix_cache_queries": queries}  # fmt: skip
     if tiers is not None:
         load["kv_tiers"] = tier_metrics(tiers)
+    if rank_memory is not None:
+        load["rank_memory"] = rank_memory
     metrics = {"deployment": r.deployment.slug, "generation_tokens": tokens, "ttft_seconds": hist(ttft),
                "itl_seconds": hist(itl), **({"speculative": spec} if spec else {})}  # fmt: skip
     redis.hset(protocol.status_key(r.pk), mapping={
@@ -223,6 +225,17 @@ def test_kv_tiers_are_rendered_per_tier_for_replicas_that_have_them(redis, deplo
     assert whole == [0.5, 2, 1]
     families = {f.name: f.type for f in text_string_to_metric_families(render(redis))}
     assert families["switchyard_kv_tier_hits"] == "counter" and families["switchyard_kv_tier_used_bytes"] == "gauge"
+
+
+def test_each_ranks_memory_is_rendered_by_kind(redis, deployment):
+    r = replica(deployment)
+    ranks = [{"rank": i, "weights": 100 + i, "kv_cache": 200 + i, "other": 30 + i} for i in range(2)]
+    report(redis, r, "a", rank_memory=ranks)
+    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
+               if s.name == "switchyard_replica_rank_memory_bytes"]  # fmt: skip
+    value = {(s.labels["rank"], s.labels["kind"]): s.value for s in samples}
+    assert value == {("0", "weights"): 100, ("0", "kv_cache"): 200, ("0", "other"): 30,
+                     ("1", "weights"): 101, ("1", "kv_cache"): 201, ("1", "other"): 31}  # fmt: skip
 
 
 def test_a_point_shows_the_hit_rate_by_cache_tier_since_the_replicas_started(redis, deployment):

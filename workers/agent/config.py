@@ -41,6 +41,9 @@ class AgentConfig:
     # store (0: the engine's default) and, over rdma, the devices it uses (empty: Mooncake's choice).
     kv_store_segment_bytes: int = 0
     kv_store_device: str = ""
+    # How many "cpu" devices the node reports (a parallel replica takes one per rank); each
+    # has the whole CPU_MEMORY_BYTES budget, since they share the machine's memory.
+    cpu_devices: int = 1
 
     @property
     def log_dir(self) -> Path:
@@ -57,6 +60,7 @@ class AgentConfig:
             state_dir=Path(_env("SWITCHYARD_STATE_DIR", str(ROOT / ".switchyard"))),
             heartbeat_seconds=float(_env("NODE_HEARTBEAT_SECONDS", "2")),
             cpu_memory_bytes=int(_env("CPU_MEMORY_BYTES", str(8 << 30))),
+            cpu_devices=max(1, int(_env("CPU_DEVICES", "1"))),
             replica_command=_env("REPLICA_COMMAND", "{python} -m workers.replica --replica-id {replica_id}"),
             max_restarts=int(_env("REPLICA_MAX_RESTARTS", "5")),
             backoff_seconds=float(_env("REPLICA_BACKOFF_SECONDS", "1")),

@@ -11,13 +11,13 @@ import psutil
 log = logging.getLogger(__name__)
 
 
-def discover(cpu_memory_bytes: int) -> list[dict]:
+def discover(cpu_memory_bytes: int, cpu_devices: int = 1) -> list[dict]:
     devices = _cuda_devices()
     if devices:
         return devices
     return [
         {
-            "index": 0,
+            "index": i,
             "kind": "cpu",
             "name": f"{platform.processor() or platform.machine()} ({psutil.cpu_count()} cores)",
             "memory_total": cpu_memory_bytes,
@@ -25,6 +25,7 @@ def discover(cpu_memory_bytes: int) -> list[dict]:
             "utilization": psutil.cpu_percent(interval=None),
             "health": "healthy",
         }
+        for i in range(cpu_devices)
     ]
 
 
@@ -59,12 +60,7 @@ def _cuda_devices() -> list[dict]:
 
 def stats(devices: list[dict]) -> list[dict]:
     """Fresh utilisation/memory figures for the heartbeat."""
-    if devices and devices[0]["kind"] == "cpu":
-        return [
-            {
-                **devices[0],
-                "utilization": psutil.cpu_percent(interval=None),
-                "memory_used": min(psutil.virtual_memory().used, devices[0]["memory_total"]),
-            }
-        ]
+    if devices and devices[0]["kind"] == "cpu":  # the CPU devices share one machine's figures
+        utilization, used = psutil.cpu_percent(interval=None), psutil.virtual_memory().used
+        return [{**d, "utilization": utilization, "memory_used": min(used, d["memory_total"])} for d in devices]
     return _cuda_devices() or devices

@@ -30,7 +30,7 @@ class NodeAgent:
         self.config = config
         self.name = config.node
         self.agent_id = uuid.uuid4().hex[:12]
-        self.devices = device_discovery.discover(config.cpu_memory_bytes)
+        self.devices = device_discovery.discover(config.cpu_memory_bytes, config.cpu_devices)
         self.outbox = Outbox(app, REPORT_EXPIRES_SECONDS)
         client = redis.Redis.from_url(config.redis_url, decode_responses=True, health_check_interval=10)
         self.supervisor = Supervisor(config, client, self.outbox.replica_event)

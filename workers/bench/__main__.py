@@ -105,7 +105,15 @@ def main(argv=None) -> int:
     sa.add_argument("--max-tokens", type=int, default=64)
     sa.add_argument("--seed", type=int, default=0)
     sa.add_argument("--json", action="store_true", help="print only the JSON line")
+    pa = sub.add_parser("parallel", help="tensor and pipeline parallelism: tp=1 vs tp=2 vs pp=2, one core per rank")
+    pa.add_argument("--model", help="HF model directory (default: a random 8-layer checkpoint, 2k context)")
+    pa.add_argument("--quick", action="store_true", help="a tiny model and a 256-token prompt (for smoke runs)")
+    pa.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "parallel":
+        from workers.bench.parallel import run
+
+        return run(args)
     if args.name == "samples":
         from workers.bench.samples import run
 

@@ -1,23 +1,31 @@
 """Switchyard's inference engine: Hugging Face checkpoints, paged KV cache with prefix caching,
-continuous batching. No Django, no Redis: the replica process adapts it to the control plane."""
+continuous batching. No Django, no Redis: the replica process adapts it to the control plane.
 
-from workers.engine.config import EngineConfig, ModelConfig
-from workers.engine.errors import ModelLoadError, RequestError, UnsupportedArchitectureError
-from workers.engine.llm import LLM
-from workers.engine.llm_engine import LLMEngine
-from workers.engine.outputs import CompletionOutput, RequestDelta, RequestOutput
-from workers.engine.sampling_params import SamplingParams
+The names below load on first use (PEP 562), so a process that needs one part (a parallel
+rank: parallel/launch.py) does not import the sampler, grammars and the rest at start."""
 
-__all__ = [
-    "LLM",
-    "CompletionOutput",
-    "EngineConfig",
-    "LLMEngine",
-    "ModelConfig",
-    "ModelLoadError",
-    "RequestDelta",
-    "RequestError",
-    "RequestOutput",
-    "SamplingParams",
-    "UnsupportedArchitectureError",
-]
+import importlib
+
+_EXPORTS = {
+    "LLM": "workers.engine.llm",
+    "CompletionOutput": "workers.engine.outputs",
+    "EngineConfig": "workers.engine.config",
+    "LLMEngine": "workers.engine.llm_engine",
+    "ModelConfig": "workers.engine.config",
+    "ModelLoadError": "workers.engine.errors",
+    "RequestDelta": "workers.engine.outputs",
+    "RequestError": "workers.engine.errors",
+    "RequestOutput": "workers.engine.outputs",
+    "SamplingParams": "workers.engine.sampling_params",
+    "UnsupportedArchitectureError": "workers.engine.errors",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'workers.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

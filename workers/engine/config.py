@@ -270,3 +270,9 @@ class EngineConfig:
     speculative_config: dict | None = None
     # KV tiers behind the device cache, e.g. {"dram_bytes": 1 << 30}; tiered_cache.KVTierConfig.
     kv_tiers: dict | None = None
+    # One replica over several ranks (parallel/): vLLM's names; stages as layer counts.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pipeline_stages: tuple[int, ...] | None = None
+    parallel_timeout_s: float = 30.0
+    parallel_threads_per_rank: int | None = None  # CPU: None shares the cores evenly

@@ -17,9 +17,11 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError
 from workers.engine.loader import eos_token_ids, load_model, weights_identity
+from workers.engine.memory import rank_memory
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
+from workers.engine.parallel.config import ParallelConfig
 from workers.engine.parallel_sampling import fork
 from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import GRAMMAR_PARAMS, SamplingParams
@@ -60,12 +62,27 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.tokenizer = Tokenizer(config.model) if (Path(config.model) / "tokenizer.json").is_file() else None
         progress("loading weights", 0.15)
-        self.model = load_model(config.model, self.model_config, self.device, self.dtype)
+        self.parallel = ParallelConfig(
+            config.tensor_parallel_size, config.pipeline_parallel_size, config.pipeline_stages,
+            timeout_s=config.parallel_timeout_s, threads_per_rank=config.parallel_threads_per_rank,
+        )  # fmt: skip
+        self.parallel.validate(self.model_config, config)
+        self.group = None
+        if self.parallel.world_size > 1:  # the ranks load their shards; rank 0 is this process
+            from workers.engine.parallel.launch import ParallelGroup
+
+            self.group = ParallelGroup(config, self.model_config, self.parallel, self.dtype)
+            self.model = self.group.state.model
+        else:
+            self.model = load_model(config.model, self.model_config, self.device, self.dtype)
         self.eos_token_ids = eos_token_ids(config.model, self.model_config)
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         progress("allocating KV cache", 0.85)
-        blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
+        if self.group is not None:
+            blocks = self.group.num_blocks
+        else:
+            blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
         self.max_model_len = served_context(self.model_config.max_context, config.max_model_len)
         if blocks * config.block_size < self.max_model_len:
             # Serve what fits rather than admit a request that could never complete.
@@ -78,7 +95,10 @@ class LLMEngine:
         if self.max_model_len < 2:
             raise RequestError("the KV cache budget is too small to hold a single request; raise it")
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
+        if self.group is not None:
+            self.runner = self.group  # runs each step on every rank (parallel/launch.py)
+        else:
+            self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
         self.tiers = None
         if tier_config is not None and config.enable_prefix_caching:
             progress("connecting KV tiers", 0.87)
@@ -257,7 +277,8 @@ class LLMEngine:
             "head_dim": kv.shape[5],
             "num_blocks": kv.shape[2],
             "tp_rank": 0,
-            "tp_size": 1,
+            "tp_size": self.parallel.tensor_parallel_size,
+            "pp_size": self.parallel.pipeline_parallel_size,
         }
 
     def abort_request(self, request_id: str) -> bool:
@@ -446,6 +467,21 @@ class LLMEngine:
         """Let go of what outlives a step: the KV tiers' threads and store connection."""
         if self.tiers is not None:
             self.tiers.close()
+        if self.group is not None:
+            self.group.close()
+
+    def check_health(self) -> None:
+        """Raise ParallelError if a rank of this engine's group has died (a no-op on one
+        device): the replica calls it while idle too, so a dead rank restarts the group at once."""
+        if self.group is not None:
+            self.group.check()
+
+    def rank_memory(self) -> list[dict]:
+        """Per rank: bytes of weights, KV cache and the rest ({"rank", "weights", "kv_cache",
+        "other"}); one entry for a single-device engine."""
+        if self.group is not None:
+            return self.group.memory()
+        return [rank_memory(0, self.model, self.runner.kv_cache, self.device)]
 
     def spec_stats(self) -> dict | None:
         """Speculation's counters since start (spec/stats.py), or None when it is off."""

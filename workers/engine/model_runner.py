@@ -10,6 +10,7 @@ rejected); its logits are taken at all k+1 positions.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,55 +66,86 @@ class ModelRunner:
     def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
 
-    def _block_tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
-        width = max(len(s.seq.block_table) for s in items)
-        rows = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in items]
-        return self._tensor(rows, torch.int32)
-
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Returns (logits fp32, the scheduled sequences that sample, in order). Each of
         those has one row of logits, its last token's, or, when it verifies drafts, one row
         per query token: its last token's, then each draft's."""
-        items = batch.all
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logits_indices: list[int] = []
-        sampling: list[ScheduledSeq] = []
-        bs = self.block_size
-        for item in items:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_tokens
-            input_ids.extend(seq.token_ids[start : end - len(item.draft_token_ids)])
-            input_ids.extend(item.draft_token_ids)
-            positions.extend(range(start, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if item.samples:
-                first = len(input_ids) - 1 - len(item.draft_token_ids)
-                logits_indices.extend(range(first, len(input_ids)))
-                sampling.append(item)
-        num_prefill_tokens = sum(s.num_tokens for s in batch.prefills)
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_prefill_tokens=num_prefill_tokens)
-        if batch.prefills:
-            cu = [0]
-            for s in batch.prefills:
-                cu.append(cu[-1] + s.num_tokens)
-            meta.prefill_cu_q_lens = self._tensor(cu, torch.int32)
-            meta.prefill_context_lens = self._tensor(
-                [s.seq.num_computed_tokens + s.num_tokens for s in batch.prefills], torch.int32
-            )
-            meta.prefill_block_tables = self._block_tables(batch.prefills)
-        if batch.decodes:
-            meta.decode_context_lens = self._tensor([s.seq.num_computed_tokens + 1 for s in batch.decodes], torch.int32)
-            meta.decode_block_tables = self._block_tables(batch.decodes)
+        plan, sampling = plan_step(batch, self.block_size)
+        return self.run(plan), sampling
+
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        input_ids, positions, meta, logits_indices = self.inputs(plan)
+        logits = self.model(input_ids, positions, meta, logits_indices)
+        # With an EAGLE-3 drafter: the target's hidden states at its aux layers, one row per
+        # token computed, in batch order (the engine hands each sequence its rows).
+        self.aux_hidden_states = self.model.aux_hidden_states
+        return logits
+
+    def inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """The step's tensors on this runner's device, from its plain-data plan."""
+        meta = AttentionMetadata(slot_mapping=self._tensor(plan.slots), num_prefill_tokens=plan.num_prefill_tokens)
+        if plan.prefill_cu_q_lens:
+            meta.prefill_cu_q_lens = self._tensor(plan.prefill_cu_q_lens, torch.int32)
+            meta.prefill_context_lens = self._tensor(plan.prefill_context_lens, torch.int32)
+            meta.prefill_block_tables = self._tensor(plan.prefill_block_tables, torch.int32)
+        if plan.decode_context_lens:
+            meta.decode_context_lens = self._tensor(plan.decode_context_lens, torch.int32)
+            meta.decode_block_tables = self._tensor(plan.decode_block_tables, torch.int32)
             if not kernels.use_triton(meta.decode_block_tables):
                 meta.decode_plan = kernels.plan_decode(
                     meta.decode_block_tables, meta.decode_context_lens, self.block_size, self.kv_cache.dtype
                 )
-        logits = self.model(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices))
-        # With an EAGLE-3 drafter: the target's hidden states at its aux layers, one row per
-        # token computed, in batch order (the engine hands each sequence its rows).
-        self.aux_hidden_states = self.model.aux_hidden_states
-        return logits, sampling
+        return self._tensor(plan.input_ids), self._tensor(plan.positions), meta, self._tensor(plan.logits_indices)
+
+
+@dataclass
+class StepPlan:
+    """One step's batch as plain lists: what every rank of a parallel group needs to run it
+    (parallel/ sends it from rank 0), and what `ModelRunner.inputs` turns into tensors."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    logits_indices: list[int] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    prefill_cu_q_lens: list[int] = field(default_factory=list)
+    prefill_context_lens: list[int] = field(default_factory=list)
+    prefill_block_tables: list[list[int]] = field(default_factory=list)
+    decode_context_lens: list[int] = field(default_factory=list)
+    decode_block_tables: list[list[int]] = field(default_factory=list)
+
+
+def _padded(tables: list[list[int]]) -> list[list[int]]:
+    width = max(len(t) for t in tables)
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
+def plan_step(batch: SchedulerOutput, block_size: int) -> tuple[StepPlan, list[ScheduledSeq]]:
+    """The step's plan, and the scheduled sequences that sample (in logits row order)."""
+    plan = StepPlan()
+    sampling: list[ScheduledSeq] = []
+    bs = block_size
+    for item in batch.all:
+        seq, start = item.seq, item.seq.num_computed_tokens
+        end = start + item.num_tokens
+        plan.input_ids.extend(seq.token_ids[start : end - len(item.draft_token_ids)])
+        plan.input_ids.extend(item.draft_token_ids)
+        plan.positions.extend(range(start, end))
+        table = seq.block_table
+        plan.slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        if item.samples:
+            first = len(plan.input_ids) - 1 - len(item.draft_token_ids)
+            plan.logits_indices.extend(range(first, len(plan.input_ids)))
+            sampling.append(item)
+    plan.num_prefill_tokens = sum(s.num_tokens for s in batch.prefills)
+    if batch.prefills:
+        plan.prefill_cu_q_lens = [0]
+        for s in batch.prefills:
+            plan.prefill_cu_q_lens.append(plan.prefill_cu_q_lens[-1] + s.num_tokens)
+        plan.prefill_context_lens = [s.seq.num_computed_tokens + s.num_tokens for s in batch.prefills]
+        plan.prefill_block_tables = _padded([s.seq.block_table for s in batch.prefills])
+    if batch.decodes:
+        plan.decode_context_lens = [s.seq.num_computed_tokens + 1 for s in batch.decodes]
+        plan.decode_block_tables = _padded([s.seq.block_table for s in batch.decodes])
+    return plan, sampling

@@ -511,6 +511,9 @@ class ReplicaLoad(TypedDict, total=False):
     handoffs_waiting: int
     kv_transfer: dict  # KV transfer counters
     kv_tiers: KVTiersLoad  # replicas with KV tiers
+    # Per rank (one entry on a single device), measured after load: bytes of weights, KV cache
+    # and the rest of the process ({"rank", "weights", "kv_cache", "other"}).
+    rank_memory: list[dict]
 
 
 class SpeculativeMetrics(TypedDict):
@@ -691,6 +694,10 @@ class ReplicaSpec(Wire):
     redis_url: str = "redis://127.0.0.1:6379/0"
     speculative: SpeculativeSpec | None = None  # None: no speculation
     kv_tiers: KVTiersSpec | None = None  # None: the device prefix cache alone
+    # One process per device (the engine's parallel/): this process is rank 0 and starts the
+    # others on the replica's devices in order (CUDA_VISIBLE_DEVICES), rank r on device r.
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
     extra: dict = field(default_factory=dict)
     version: int = VERSION
 

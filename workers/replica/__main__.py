@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_bytes=spec.kv_cache_bytes,
         speculative_config=spec.speculative.engine_config() if spec.speculative else None,
         kv_tiers=spec.kv_tiers.engine_config() if spec.kv_tiers else None,
+        tensor_parallel_size=spec.tensor_parallel,
+        pipeline_parallel_size=spec.pipeline_parallel,
     )
     try:
         engine = LLMEngine(config, progress=progress)

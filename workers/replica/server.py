@@ -85,6 +85,8 @@ class ReplicaServer:
         self.redis_lost_at: float | None = None  # monotonic time Redis was found unreachable
         self.disagg = None  # a disagg.Disaggregation for the prefill and decode roles
         self.metrics = ReplicaMetrics()
+        # Measured once after load (on a parallel group, one collective over the ranks).
+        self.rank_memory = engine.rank_memory() if hasattr(engine, "rank_memory") else []
         self.status_key = protocol.status_key(spec.replica_id)
         self.stream = protocol.requests_key(spec.replica_id)
         self.kv_key = kv_index_key(spec.replica_id)
@@ -424,6 +426,7 @@ class ReplicaServer:
         if self._last_beat and now - self._last_beat > protocol.HEARTBEAT_STALE_SECONDS / 2:
             log.warning("heartbeat %.1fs late: one loop pass took too long", now - self._last_beat)
         self._last_beat = now
+        self.engine.check_health()  # a parallel group's dead rank ends this process: restarted whole
         stats = self.engine.stats()
         mark_t, mark_n = self._rate_mark
         if now - mark_t >= 1.0:
@@ -439,6 +442,8 @@ class ReplicaServer:
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
         }
+        if self.rank_memory:
+            load["rank_memory"] = self.rank_memory
         tiers = tier_metrics(self.engine.tier_stats())
         if tiers is not None:
             load["kv_tiers"] = tiers

@@ -35,6 +35,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
     devices = serializers.SerializerMethodField()
+    ranks = serializers.SerializerMethodField(
+        help_text="the replica's ranks (tensor_parallel x pipeline_parallel), each with the device it holds"
+    )
 
     class Meta:
         model = Replica
@@ -45,6 +48,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "generation",
             "node",
             "devices",
+            "ranks",
             "state",
             "endpoint",
             "pid",
@@ -63,6 +67,17 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
     def get_devices(self, obj) -> list[str]:
         return [f"{d.kind}:{d.index}" for d in obj.devices.all()]
+
+    @extend_schema_field(
+        {
+            "type": "array",
+            "items": {"type": "object", "properties": {"rank": {"type": "integer"}, "device": {"type": "string"}}},
+        }
+    )
+    def get_ranks(self, obj) -> list[dict]:
+        """Rank r runs on the replica's r-th device by index (the spec's device order)."""
+        devices = sorted(obj.devices.all(), key=lambda d: d.index)
+        return [{"rank": r, "device": f"{d.kind}:{d.index}"} for r, d in enumerate(devices)]
 
 
 class RoutingQualitySerializer(serializers.Serializer):

@@ -3,6 +3,7 @@ import { Link, useParams } from "react-router-dom";
 import { TierPolicy, TierUse } from "../components/CacheTiers";
 import { CapacityPlan } from "../components/CapacityPlan";
 import { ErrorText, Field } from "../components/Form";
+import { Ranks } from "../components/Ranks";
 import { speculationLabel } from "../components/Speculation";
 import { api, formatError, fieldErrors, list } from "../lib/api";
 import { Plan, planBody } from "../lib/plan";
@@ -232,13 +233,14 @@ export function DeploymentDetail() {
           <section key={role}>
             <h2>{role} replicas</h2>
             <table>
-              <thead><tr><th>#</th><th>State</th><th>Node</th><th>Load</th><th>Loading</th><th>Last error</th></tr></thead>
+              <thead><tr><th>#</th><th>State</th><th>Node</th><th>Ranks</th><th>Load</th><th>Loading</th><th>Last error</th></tr></thead>
               <tbody>
                 {rs.map((r) => (
                   <tr key={r.id} data-replica={r.id}>
                     <td>{r.id}</td>
                     <td>{r.state}{r.drain_requested_at && r.state === "ready" ? " (drains once replaced)" : ""}</td>
                     <td>{r.node}</td>
+                    <td><Ranks ranks={r.ranks ?? []} memory={r.load?.rank_memory} /></td>
                     <td className="muted">
                       {r.load?.running ?? 0} running, {r.load?.waiting ?? 0} waiting, {r.load?.tokens_per_second ?? 0} tok/s,
                       KV {r.load?.kv_blocks_total ? `${r.load.kv_blocks_total - r.load.kv_blocks_free}/${r.load.kv_blocks_total}` : "–"}

@@ -1,0 +1,88 @@
+"""Tensor and pipeline parallel groups (gloo on CPU) give transformers' greedy tokens and
+logprobs, with prefix-cache hits and preemption, each rank holding about its share of weights."""
+
+import functools
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+from workers.engine import LLM, SamplingParams
+from workers.protocol.model_files import weight_files
+
+PROMPTS = [[5, 9, 33, 100, 7, 8, 9, 10, 11], [3, 4], list(range(20, 70))]
+MAX_TOKENS = 10
+
+
+@functools.cache
+def reference(model_dir, prompt: tuple) -> tuple[list[int], list[float]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=MAX_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, tokens, strict=True)]
+    return tokens, logprobs
+
+
+def checkpoint_bytes(model_dir) -> int:
+    total = 0
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                s = f.get_slice(name)
+                total += torch.Size(s.get_shape()).numel() * 4  # fp32 checkpoints
+    return total
+
+
+def assert_matches(model_dir, prompt, comp):
+    ref_tokens, ref_logprobs = reference(str(model_dir), tuple(prompt))
+    assert comp.token_ids == ref_tokens
+    mine = [comp.logprobs[i][t] for i, t in enumerate(comp.token_ids)]
+    assert max(abs(a - b) for a, b in zip(mine, ref_logprobs, strict=True)) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "tp", "pp"),
+    [
+        ("llama", {}, 2, 1),
+        ("llama", {}, 1, 2),
+        ("llama", {}, 2, 2),
+        ("llama_tied", {}, 2, 1),
+        ("qwen2", {"num_key_value_heads": 1}, 2, 1),  # fewer KV heads than ranks: replicated
+        ("qwen3", {}, 2, 1),
+    ],
+)
+def test_parallel_group_matches_transformers(checkpoint_factory, arch, overrides, tp, pp):
+    model_dir = checkpoint_factory(arch, **overrides)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)
+    # 20 blocks of 4 tokens cannot hold the three sequences at once: someone is preempted.
+    with LLM(
+        str(model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=20,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+    ) as llm:
+        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        assert llm.engine.scheduler.num_preemptions > 0
+        again = llm.generate({"prompt_token_ids": PROMPTS[2]}, params)[0]
+        assert again.num_cached_tokens >= 40  # the prompt's full blocks, from the prefix cache
+        memory = llm.engine.rank_memory()
+    for prompt, out in zip(PROMPTS, first, strict=True):
+        assert_matches(model_dir, prompt, out.outputs[0])
+    assert_matches(model_dir, PROMPTS[2], again.outputs[0])
+
+    assert [m["rank"] for m in memory] == list(range(tp * pp))
+    share = checkpoint_bytes(model_dir) / (tp * pp)
+    for m in memory:
+        assert 0.8 * share < m["weights"] < 1.25 * share, (m, share)
+        assert m["kv_cache"] > 0

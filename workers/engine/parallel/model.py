@@ -1,0 +1,201 @@
+"""One rank's part of a Llama-family model (Llama, Mistral, Qwen2, Qwen3): the decoder layers
+of its stage with its heads and MLP slice, plus the vocab-parallel embedding (first stage) and
+LM head (last stage). Each tensor is read from the safetensors files as the slice this rank
+holds (`get_slice`): no process ever materialises a whole weight it does not keep."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from workers.engine.config import ModelConfig
+from workers.engine.errors import ModelLoadError
+from workers.engine.layers.linear import Linear
+from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.models.llama import DecoderLayer
+from workers.engine.parallel.group import RankGroup
+from workers.engine.parallel.layers import (
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    head_range,
+    kv_head_range,
+    vocab_range,
+)
+from workers.protocol.model_files import weight_files
+
+
+def rank_config(cfg: ModelConfig, group: RankGroup) -> ModelConfig:
+    """The shapes this rank holds: its stage's layers, its heads, its MLP slice (the model
+    runner sizes this rank's KV cache from it)."""
+    tp = group.tp
+    start, end = group.stage_bounds[group.stage]
+    return dataclasses.replace(
+        cfg,
+        num_layers=end - start,
+        num_heads=cfg.num_heads // tp,
+        num_kv_heads=max(cfg.num_kv_heads // tp, 1),
+        intermediate_size=cfg.intermediate_size // tp,
+    )
+
+
+class StageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, group: RankGroup):
+        super().__init__()
+        self.config, self.group = cfg, group
+        self.local = local = rank_config(cfg, group)
+        self.layer_start = group.stage_bounds[group.stage][0]
+        self.layers = nn.ModuleList(DecoderLayer(local) for _ in range(local.num_layers))
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.o_proj = RowParallelLinear(attn.q_size, cfg.hidden_size, group)
+            mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
+        self.embed_tokens = (
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group) if group.is_first_stage else None
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if group.is_last_stage else None
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, group) if group.is_last_stage else None
+        self._tie()
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+        self.aux_hidden_states = None  # the ModelRunner reads it; EAGLE-3 is refused at TP/PP > 1
+
+    def _tie(self) -> None:
+        if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def materialize(self, device: torch.device) -> StageModel:
+        model = self.to_empty(device=device)
+        model._tie()
+        cfg = self.config
+        model.cos_sin = cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+        return model
+
+    def kv_cache_modules(self):
+        return [layer.self_attn.attn for layer in self.layers]
+
+    # -- the three parts a stage runs ------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        rope = self.cos_sin.index_select(0, positions)
+        for layer in self.layers:
+            x = layer(x, rope, meta)
+        return x
+
+    def logits(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x.index_select(0, logits_indices))).float()
+
+    # -- loading -----------------------------------------------------------------------------
+    def _placements(self, name: str):
+        """Where checkpoint tensor `name` goes on this rank: (parameter, dest rows or None,
+        source dim, source start, source end) or None when this rank does not hold it."""
+        cfg, g, local = self.config, self.group, self.local
+        tp, t, hd = g.tp, g.tp_rank, cfg.head_dim
+        v_start, v_held, _ = vocab_range(cfg.vocab_size, tp, t)
+        if name == "model.embed_tokens.weight":
+            out = []
+            if self.embed_tokens is not None:
+                out.append(("embed_tokens.weight", (0, v_held), 0, v_start, v_start + v_held))
+            if cfg.tie_word_embeddings and self.lm_head is not None and self.embed_tokens is None:
+                out.append(("lm_head.weight", (0, v_held), 0, v_start, v_start + v_held))
+            return out
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings or self.lm_head is None:
+                return []
+            return [("lm_head.weight", (0, v_held), 0, v_start, v_start + v_held)]
+        if name == "model.norm.weight":
+            return [("norm.weight", None, 0, None, None)] if self.norm is not None else []
+        if not name.startswith("model.layers."):
+            return None
+        index, rest = name.removeprefix("model.layers.").split(".", 1)
+        i = int(index) - self.layer_start
+        if not 0 <= i < local.num_layers:
+            return []
+        prefix = f"layers.{i}."
+        q_rows, kv_rows = local.num_heads * hd, local.num_kv_heads * hd
+        qa, _ = head_range(cfg.num_heads, tp, t)
+        ka, _ = kv_head_range(cfg.num_kv_heads, tp, t)
+        inter = local.intermediate_size
+        kind = rest.rsplit(".", 1)[-1]  # weight | bias
+        column = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0, qa * hd, q_rows),
+            "self_attn.k_proj": ("self_attn.qkv_proj", q_rows, ka * hd, kv_rows),
+            "self_attn.v_proj": ("self_attn.qkv_proj", q_rows + kv_rows, ka * hd, kv_rows),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0, t * inter, inter),
+            "mlp.up_proj": ("mlp.gate_up_proj", inter, t * inter, inter),
+        }
+        row = {"self_attn.o_proj": q_rows, "mlp.down_proj": inter}
+        module = rest.rsplit(".", 1)[0]
+        if module in column:
+            target, dest, src, n = column[module]
+            return [(f"{prefix}{target}.{kind}", (dest, dest + n), 0, src, src + n)]
+        if module in row:
+            n = row[module]
+            if kind == "bias":  # added once, after the sum
+                return [(f"{prefix}{module}.bias", None, 0, None, None)]
+            return [(f"{prefix}{module}.weight", None, 1, t * n, (t + 1) * n)]
+        return [(prefix + rest, None, 0, None, None)]  # norms: replicated
+
+    @torch.no_grad()
+    def load_from(self, model_dir) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[int] = set()
+        for path in weight_files(model_dir):
+            try:
+                handle = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as exc:
+                raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
+            with handle as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    if "rotary_emb.inv_freq" in name:
+                        continue
+                    places = self._placements(name)
+                    if places is None or any(p[0] not in params for p in places):
+                        raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+                    for target, rows, dim, a, b in places:
+                        sl = f.get_slice(name)
+                        if a is None:
+                            src = sl[:]
+                        elif dim == 0:
+                            src = sl[a:b]
+                        else:
+                            src = sl[:, a:b]
+                        dest = params[target].data
+                        if rows is not None:
+                            dest = dest[rows[0] : rows[1]]
+                        if dest.shape != src.shape:
+                            raise ModelLoadError(
+                                f"checkpoint tensor {name!r}: slice of shape {tuple(src.shape)} does not fit "
+                                f"{target} {tuple(dest.shape)}"
+                            )
+                        dest.copy_(src)
+                        filled.add(id(params[target]))
+        missing = {n for n, p in params.items() if id(p) not in filled}
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing tensors for: {', '.join(sorted(missing)[:8])}")
+        for name, p in params.items():
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                _, held, per = vocab_range(self.config.vocab_size, self.group.tp, self.group.tp_rank)
+                if held < per:
+                    p.data[held:].zero_()  # padding rows of the last vocabulary shard
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepare()
+
+
+def load_stage(model_dir, cfg: ModelConfig, group: RankGroup, dtype: torch.dtype) -> StageModel:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = StageModel(cfg, group)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.materialize(group.device)
+    model.load_from(model_dir)
+    return model.eval()

@@ -1,0 +1,98 @@
+"""A rank's model runner: the step's micro-batches through this rank's stage.
+
+Every rank runs the same plans (rank 0 makes them, `launch` delivers them), so every rank
+builds the same attention metadata and writes its own share of the KV cache at the same slots;
+the block tables are rank 0's, valid on every rank because each holds the same number of blocks.
+
+Pipeline: a step's sequences are split into `num_micro_batches` groups. Stage 0 computes the
+first, sends its activations on (asynchronously) and goes on to the second while stage 1
+computes the first, and so on; the last stage's logits come back to rank 0 in batch order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.engine.model_runner import ModelRunner, StepPlan, plan_step
+from workers.engine.parallel.group import RankGroup
+from workers.engine.scheduler import ScheduledSeq, SchedulerOutput
+
+
+def split_batch(batch: SchedulerOutput, n: int) -> list[SchedulerOutput]:
+    """At most `n` micro-batches of whole sequences, contiguous in batch order (so their
+    sampled rows, concatenated, keep the batch's order), with about equal token counts."""
+    items = batch.all
+    n = max(1, min(n, len(items)))
+    if n == 1:
+        return [batch]
+    total = sum(s.num_tokens for s in items)
+    groups: list[list[ScheduledSeq]] = [[]]
+    acc = 0
+    for i, item in enumerate(items):
+        left_items, left_groups = len(items) - i, n - len(groups)
+        if groups[-1] and len(groups) < n and (acc >= total * len(groups) / n or left_items <= left_groups):
+            groups.append([])
+        groups[-1].append(item)
+        acc += item.num_tokens
+    prefills = {id(s) for s in batch.prefills}
+    return [
+        SchedulerOutput([s for s in g if id(s) in prefills], [s for s in g if id(s) not in prefills], [])
+        for g in groups
+    ]
+
+
+class ParallelRunner(ModelRunner):
+    def __init__(self, model, local_cfg, engine, device, dtype, num_blocks, group: RankGroup):
+        super().__init__(model, local_cfg, engine, device, dtype, num_blocks)
+        self.group = group
+        self.hidden_size = model.config.hidden_size
+        self.vocab_size = model.config.vocab_size
+        self.dtype = dtype
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """Rank 0: plan, send the plans to every rank, run stage 0, collect the logits."""
+        plans, sampling = [], []
+        for part in split_batch(batch, self.group.parallel.num_micro_batches):
+            plan, rows = plan_step(part, self.block_size)
+            plans.append(plan)
+            sampling.extend(rows)
+        self.group.broadcast_command(("step", plans))
+        return self.run_stage(plans), sampling
+
+    @torch.inference_mode()
+    def run_stage(self, plans: list[StepPlan]) -> torch.Tensor | None:
+        """This rank's share of the step; rank 0 gets the logits, the others None."""
+        g, model = self.group, self.model
+        pending = []  # async sends: their tensors stay alive until they are waited on
+        logits_parts: list[torch.Tensor | None] = []
+        for plan in plans:
+            input_ids, positions, meta, logits_indices = self.inputs(plan)
+            n = len(plan.input_ids)
+            if g.is_first_stage:
+                x = model.embed(input_ids)
+            else:
+                x = torch.empty(n, self.hidden_size, dtype=self.dtype, device=self.device)
+                g.recv(x, src=g.peer(g.stage - 1))
+            x = model.decode_layers(x, positions, meta)
+            if not g.is_last_stage:
+                pending.append((g.send(x.contiguous(), dst=g.peer(g.stage + 1)), x))
+                logits_parts.append(None)
+                continue
+            logits = model.logits(x, logits_indices)
+            if g.rank == 0:
+                logits_parts.append(logits)
+            elif g.rank == g.last_stage_leader and len(plan.logits_indices):
+                pending.append((g.send(logits, dst=0), logits))
+        for work, _ in pending:
+            work.wait()
+        if g.rank != 0:
+            return None
+        if not g.is_last_stage:  # rank 0 ran stage 0: the logits come from the last stage
+            logits_parts = []
+            for plan in plans:
+                out = torch.empty(len(plan.logits_indices), self.vocab_size, dtype=torch.float32, device=self.device)
+                if len(plan.logits_indices):
+                    g.recv(out, src=g.last_stage_leader)
+                logits_parts.append(out)
+        return torch.cat(logits_parts) if len(logits_parts) > 1 else logits_parts[0]
