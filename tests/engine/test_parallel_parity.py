@@ -9,6 +9,7 @@ import transformers
 from safetensors import safe_open
 
 from workers.engine import LLM, SamplingParams
+from workers.engine.errors import RequestError
 from workers.protocol.model_files import weight_files
 
 PROMPTS = [[5, 9, 33, 100, 7, 8, 9, 10, 11], [3, 4], list(range(20, 70))]
@@ -77,6 +78,9 @@ def test_parallel_group_matches_transformers(checkpoint_factory, arch, overrides
         again = llm.generate({"prompt_token_ids": PROMPTS[2]}, params)[0]
         assert again.num_cached_tokens >= 40  # the prompt's full blocks, from the prefix cache
         memory = llm.engine.rank_memory()
+        # Each rank holds a shard of the cache: handing rank 0's alone to a peer is refused.
+        with pytest.raises(RequestError, match="not built yet"):
+            llm.engine.kv_layout()
     for prompt, out in zip(PROMPTS, first, strict=True):
         assert_matches(model_dir, prompt, out.outputs[0])
     assert_matches(model_dir, PROMPTS[2], again.outputs[0])

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from workers.bench.quant_checkpoints import fp8_config, int4_config, write_quantized
-from workers.engine import LLM, SamplingParams
+from workers.engine import LLM, SamplingParams, memory
 from workers.engine.errors import ModelLoadError
 from workers.engine.kernels.quant_matmul import dequantize_fp8_block, pack_int4, unpack_int4
 from workers.engine.layers.linear import Linear
@@ -114,6 +114,9 @@ def test_resident_weights_stay_compressed(dirs):
     packed_linear = sum(4 * o * -(-i // 8) + 4 * o * -(-i // 32) for o, i in shapes)
     assert packed_linear == dense_linear * (1 / 8 + 1 / 32)
     assert weight_bytes(dense) - weight_bytes(quantized) == dense_linear - packed_linear
+    # What a replica reports per rank (/metrics) counts the packed buffers as weights too.
+    assert memory.weight_bytes(quantized) == weight_bytes(quantized)
+    assert memory.weight_bytes(dense) == weight_bytes(dense)
     for m in quantized.modules():
         assert not isinstance(m, Int4PackedLinear) or not hasattr(m, "weight")
 

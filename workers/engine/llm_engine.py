@@ -265,6 +265,9 @@ class LLMEngine:
 
     def kv_layout(self) -> dict:
         """What a peer must match to exchange KV blocks with this engine."""
+        if self.group is not None:
+            # Each rank holds a shard of the cache; moving rank 0's alone would be wrong.
+            raise RequestError("KV transfer from a tensor/pipeline parallel group is not built yet")
         kv = self.runner.kv_cache
         return {
             "architecture": self.model_config.architecture,

@@ -8,9 +8,10 @@ import torch
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of parameter storage (a tied weight counted once)."""
+    """Bytes of the weights' storage: parameters and the state dict's buffers, which is where
+    quantized layers keep their packed weights and scales (a tied weight counted once)."""
     seen, total = set(), 0
-    for p in module.parameters():
+    for p in (*module.parameters(), *module.state_dict().values()):
         storage = p.untyped_storage()
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())

@@ -49,7 +49,9 @@ class StageModel(nn.Module):
         self.config, self.group = cfg, group
         self.local = local = rank_config(cfg, group)
         self.layer_start = group.stage_bounds[group.stage][0]
-        self.layers = nn.ModuleList(DecoderLayer(local) for _ in range(local.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(local, f"model.layers.{self.layer_start + i}") for i in range(local.num_layers)
+        )
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.o_proj = RowParallelLinear(attn.q_size, cfg.hidden_size, group)
