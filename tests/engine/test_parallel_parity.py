@@ -1,36 +1,14 @@
 """Tensor and pipeline parallel groups (gloo on CPU) give transformers' greedy tokens and
 logprobs, with prefix-cache hits and preemption, each rank holding about its share of weights."""
 
-import functools
-
 import pytest
 import torch
-import transformers
 from safetensors import safe_open
 
+from tests.engine.test_parity import MAX_TOKENS, PROMPTS, reference
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import RequestError
 from workers.protocol.model_files import weight_files
-
-PROMPTS = [[5, 9, 33, 100, 7, 8, 9, 10, 11], [3, 4], list(range(20, 70))]
-MAX_TOKENS = 10
-
-
-@functools.cache
-def reference(model_dir, prompt: tuple) -> tuple[list[int], list[float]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=MAX_TOKENS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
 
 
 def checkpoint_bytes(model_dir) -> int:
@@ -44,7 +22,7 @@ def checkpoint_bytes(model_dir) -> int:
 
 
 def assert_matches(model_dir, prompt, comp):
-    ref_tokens, ref_logprobs = reference(str(model_dir), tuple(prompt))
+    ref_tokens, ref_logprobs = reference(str(model_dir), prompt)
     assert comp.token_ids == ref_tokens
     mine = [comp.logprobs[i][t] for i, t in enumerate(comp.token_ids)]
     assert max(abs(a - b) for a, b in zip(mine, ref_logprobs, strict=True)) < 1e-3

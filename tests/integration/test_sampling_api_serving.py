@@ -4,14 +4,12 @@ every choice's completion; logit_bias forces and bans tokens; bad values are 400
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 
 import openai
 import pytest
 
-from tests.support.stack import committed, demo_model, processes, stack_env, wait_online, wait_ready, wait_web
-from workers.bench.processes import free_port
+from tests.support.stack import demo_and_pd_stack
 from workers.demo import MODEL_DIR
 from workers.protocol.tokenizer import Tokenizer
 
@@ -22,30 +20,8 @@ FREE = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("parallel")
-    node, port = f"choices-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS="0")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("parallel-owner")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
-            create_deployment(
-                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
-                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
-            )  # fmt: skip
-            _, secret = create_api_key(name="all", owner=owner)
-            wait_ready("demo", 1, 90)
-            wait_ready("demo-pd", 2, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret}
+    with demo_and_pd_stack(django_db_blocker, tmp_path_factory.mktemp("parallel"), "choices") as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -167,6 +167,36 @@ def demo_model(name: str = "demo-model"):
     return model
 
 
+@contextmanager
+def demo_and_pd_stack(django_db_blocker, state_dir: Path, label: str):
+    """A stack serving the demo model twice: `demo` (one colocated replica) and `demo-pd` (one
+    prefill, one decode replica); yields {"base", "key"} (an API key for both)."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.deployments.services import create_deployment
+    from controlplane.gateway.services import create_api_key
+    from workers.bench.processes import free_port
+
+    node, port = f"{label}-{uuid.uuid4().hex[:6]}", free_port()
+    env = stack_env(state_dir, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS="0")
+    with committed(django_db_blocker):
+        owner = get_user_model().objects.create_user(f"{label}-owner")
+        model = demo_model()
+        with processes(state_dir, node, env, web_port=port):
+            wait_online(node)
+            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
+            create_deployment(
+                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
+                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
+            )  # fmt: skip
+            _, secret = create_api_key(name="all", owner=owner)
+            wait_ready("demo", 1, 90)
+            wait_ready("demo-pd", 2, 90)
+            base = f"http://127.0.0.1:{port}"
+            wait_web(base)
+            yield {"base": base, "key": secret}
+
+
 def wait_online(node: str, timeout: float = 60) -> None:
     from controlplane.inventory.models import Node
 
