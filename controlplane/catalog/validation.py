@@ -25,7 +25,7 @@ from workers.protocol.model_files import (
     read_config,
     weight_files,
 )
-from workers.protocol.quantization import quantization_config
+from workers.protocol.quantization import check_loadable
 
 
 @dataclass
@@ -79,7 +79,7 @@ def inspect_directory(directory: str | Path) -> ModelInfo:
             raise UnsupportedArchitectureError(
                 f"{exc}; EAGLE-3 draft heads ({', '.join(EAGLE3_ARCHITECTURES)}) register as drafts"
             ) from None
-        quantization_config(config, str(root / "config.json"))  # a format the engine cannot load is refused now
+        check_loadable(config, str(root / "config.json"))  # a format the engine cannot load is refused now
         if not model_file(root, "tokenizer.json").is_file():
             raise ModelDirectoryError(f"{root} has no tokenizer.json")
     files = weight_files(root)

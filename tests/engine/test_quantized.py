@@ -3,6 +3,7 @@ checkpoints give the same tokens and logprobs as their dequantized fp32 twins, s
 in memory, and unsupported formats are refused by name."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.kernels.quant_matmul import dequantize_fp8_block, pack_int4, unpack_int4
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.quantized import Fp8BlockLinear, Int4PackedLinear, make_linear, weight_bytes
-from workers.protocol.quantization import UnsupportedQuantizationError, quantization_config
+from workers.protocol.quantization import UnsupportedQuantizationError, check_loadable, quantization_config
 
 PROMPTS = [[5, 9, 33, 100, 7, 8, 9, 10, 11], [3, 4], list(range(20, 70))]
 # Kimi K2 keeps attention and the head dense and quantizes the MLP experts.
@@ -232,13 +233,19 @@ def test_targets_and_ignore_follow_compressed_tensors_matching():
     assert fp8.scheme_for("model.layers.0.mlp.down_proj") is None and fp8.scheme_for("lm_head") is None
 
 
-def test_a_quantized_deepseek_v3_checkpoint_is_refused_as_not_built():
+def test_a_quantized_deepseek_v3_checkpoint_is_refused_as_not_built(checkpoint_factory, tmp_path):
     """DeepSeek-V3 ships fp8 and Kimi K2 int4 experts; until the stacked experts take quantized
-    weights, such a config is refused by name rather than failing on an unplaced tensor."""
-    config = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
-    }
+    weights, such a checkpoint is refused by name (at registration and at load) rather than
+    failing on an unplaced tensor. Its config is still read (the planner and KV layout use it)."""
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": fp8}
     with pytest.raises(UnsupportedQuantizationError, match="DeepseekV3ForCausalLM is not built yet"):
-        quantization_config(config)
-    assert quantization_config({**config, "architectures": ["LlamaForCausalLM"]}) is not None
+        check_loadable(config)
+    check_loadable({**config, "architectures": ["LlamaForCausalLM"]})
+    with pytest.raises(UnsupportedQuantizationError, match="quant_method 'awq'"):
+        check_loadable({**config, "quantization_config": {"quant_method": "awq"}})
+    model_dir = shutil.copytree(checkpoint_factory("deepseek_v3"), tmp_path / "fp8")  # the factory's is shared
+    raw = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**raw, "quantization_config": fp8}))
+    with pytest.raises(ModelLoadError, match="quantized DeepseekV3ForCausalLM checkpoints are not built yet"):
+        LLM(str(model_dir), device="cpu", dtype="float32")

@@ -209,8 +209,8 @@ def test_sampling_parameters_are_checked_first_and_by_the_engine():
         SamplingParams.from_wire(message.params)
     assert err.value.param == "temperature"
     with pytest.raises(MessageError) as err:  # an unknown name before a malformed prompt
-        GenerateMessage.from_wire({**data, "params": {"n": 2}, "prompt_token_ids": "x"})
-    assert err.value.param == "n"
+        GenerateMessage.from_wire({**data, "params": {"best_of_all": 2}, "prompt_token_ids": "x"})
+    assert err.value.param == "best_of_all"
 
 
 def test_a_generate_nobody_can_be_answered_for_is_a_protocol_error():

@@ -139,6 +139,19 @@ def _fp8(raw: dict, source: str) -> QuantConfig:
     return QuantConfig("fp8", (_Group(scheme, ("Linear",)),), ignore)
 
 
+# Architectures whose quantized checkpoints are read (their config sized by the planner) but not
+# loaded: DeepseekV3's routed experts are stacked [experts, out, in] tensors, the quantized layers 2-D.
+NOT_BUILT_QUANTIZED = ("DeepseekV3ForCausalLM",)
+
+
+def check_loadable(config: dict, source: str = "config.json") -> None:
+    """Refuse, by name, a quantized checkpoint the engine cannot load (at registration and load)."""
+    quantized = quantization_config(config, source) is not None  # an unknown format is refused here
+    arch = next((a for a in config.get("architectures") or () if a in NOT_BUILT_QUANTIZED), None)
+    if arch and quantized:
+        raise _refuse(source, f"on {arch} is not built yet (quantized experts)")
+
+
 def quantization_config(config: dict, source: str = "config.json") -> QuantConfig | None:
     """The parsed `quantization_config` of a config.json, None for a dense model."""
     raw = config.get("quantization_config")
@@ -146,9 +159,6 @@ def quantization_config(config: dict, source: str = "config.json") -> QuantConfi
         return None
     if not isinstance(raw, dict):
         raise _refuse(source, "is not an object")
-    if "DeepseekV3ForCausalLM" in (config.get("architectures") or ()):
-        # Its routed experts are stacked [experts, out, in] tensors; the quantized layers are 2-D.
-        raise _refuse(source, "on DeepseekV3ForCausalLM is not built yet (quantized experts)")
     method = raw.get("quant_method")
     if method == "compressed-tensors":
         return _compressed_tensors(raw, source)

@@ -105,6 +105,9 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.quantization is not None:
+            # The routed experts are stacked [experts, out, in] tensors; quantized layers are 2-D.
+            raise ModelLoadError("quantized DeepseekV3ForCausalLM checkpoints are not built yet (quantized experts)")
         self.config = cfg
         self.model = DeepseekV3Model(cfg)
         self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, "lm_head")
