@@ -32,8 +32,8 @@ LinearFactory = Callable[[int, int, str], nn.Module]  # (in, out, checkpoint nam
 
 def dense_weight(linear: nn.Module) -> torch.Tensor:
     """The [out, in] weight of a linear layer, dequantized when it is a quantized one."""
-    dequantize = getattr(linear, "dequantize", None)
-    return dequantize() if callable(dequantize) else linear.weight
+    dequantized = getattr(linear, "dequantized", None)  # QuantizedLinear.dequantized
+    return dequantized() if callable(dequantized) else linear.weight
 
 
 class MLAttention(nn.Module):
