@@ -16,8 +16,9 @@ aborted by the client, its replica gone) and pushes the expiry of its open reque
 every REFRESH_SECONDS; the entries of a web process that died expire within TTL_SECONDS. A
 sorted set `switchyard:replica:<id>:sessions` holds the session keys bound to the replica,
 scored by when each binding expires (the session bound of `routing.pick`), and
-`switchyard:replica:<id>:recent` the requests a KV-aware policy sent it, each for
-`routing.RECENT_SECONDS` (the bound on new keyless conversations).
+`switchyard:replica:<id>:recent` the requests a KV-aware or session policy sent it, each for
+`routing.RECENT_SECONDS` (where new conversations go, and when a bound session moves), and
+`<affinity key>:recent` a session key's own.
 """
 
 from __future__ import annotations
@@ -37,72 +38,94 @@ REFRESH_SECONDS = 10
 
 # The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
 # candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
-# session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets. ARGV: request
-# id, ttl, load weight, load factor (0: no bound), has affinity, affinity ttl, the minimum cap,
-# recent (0: not counted, 1: counted, 2: counted and first: a new keyless conversation), the
-# recent window, then per candidate its replica id, reported load, free KV blocks and base cost.
-# Drops expired entries; a bound session's replica wins while under the load cap, else the
-# lowest base + weight * load among those under it (a session placed anew: and under the
-# session cap, unless none is; a new keyless conversation: the fewest recent requests first;
-# ties: most free KV blocks, then the first); adds the request to it (and to its recent set) and
-# (re)binds the session, moving it between session sets. Returns {index (0-based), 1 if the
-# binding was kept, the candidates' loads...}.
+# session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets (and, with an
+# affinity key, the session's own recent set). ARGV: request id, ttl, load weight, load factor
+# (0: no bound), has affinity, affinity ttl, the minimum cap, recent (0: not counted, 1: counted,
+# 2: counted and first: placed anew), the recent window, the minimum recent cap (0: a bound
+# session does not move for its replica's recent requests), then per
+# candidate its replica id, reported load, free KV blocks and base cost.
+# Drops expired entries; a bound session's replica wins while under the load cap and not sent
+# too many lately (`routing._sent_too_many`), else the lowest base + weight * load among those
+# under the load cap (a session placed anew: and under the session cap, unless none is; placed
+# anew: the fewest recent requests first; ties: most free KV blocks, then the first); adds the
+# request to it (and to its and the session's recent sets) and (re)binds the session, moving it
+# between session sets. Returns {index (0-based), 1 if the binding was kept, the candidates'
+# loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local has_affinity = ARGV[5] == '1'
 local recent_mode = tonumber(ARGV[8])
-local n = #KEYS
-if has_affinity then n = n - 1 end
+local window = tonumber(ARGV[9])
+local extra = 0
+if has_affinity then extra = extra + 1 end
+if has_affinity and recent_mode > 0 then extra = extra + 1 end
 local sets = 1
 if has_affinity then sets = sets + 1 end
 if recent_mode > 0 then sets = sets + 1 end
-n = n / sets
+local n = (#KEYS - extra) / sets
 local rbase = n
 if has_affinity then rbase = 2 * n + 1 end
+local own_key = nil
+if has_affinity and recent_mode > 0 then own_key = KEYS[rbase + n + 1] end
 local loads, total = {}, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  loads[i] = math.max(tonumber(ARGV[7 + 4 * i]), redis.call('ZCARD', KEYS[i]))
+  loads[i] = math.max(tonumber(ARGV[8 + 4 * i]), redis.call('ZCARD', KEYS[i]))
   total = total + loads[i]
 end
 local factor = tonumber(ARGV[4])
 local cap = math.huge
 if factor > 0 then cap = math.max(math.ceil(factor * (total + 1) / n), tonumber(ARGV[7])) end
-local function session_cap(counts)
+local function share_cap(counts)
   if factor <= 0 then return math.huge end
   local sum = 0
   for i = 1, n do sum = sum + counts[i] end
   return math.ceil(factor * (sum + 1) / n)
 end
+local sent, own = {}, 0
+for i = 1, n do sent[i] = 0 end
+if recent_mode > 0 then
+  for i = 1, n do
+    redis.call('ZREMRANGEBYSCORE', KEYS[rbase + i], '-inf', now)
+    sent[i] = redis.call('ZCARD', KEYS[rbase + i])
+  end
+  if own_key ~= nil then
+    redis.call('ZREMRANGEBYSCORE', own_key, '-inf', now)
+    own = redis.call('ZCARD', own_key)
+  end
+end
+local function sent_too_many(b)
+  if ARGV[10] == '0' then return false end
+  if sent[b] < math.max(share_cap(sent), tonumber(ARGV[10])) then return false end
+  local least = nil
+  for j = 1, n do
+    if j ~= b and loads[j] < cap and (least == nil or sent[j] < least) then least = sent[j] end
+  end
+  return least ~= nil and least + own < sent[b]
+end
 local best, kept, bound = nil, 0, nil
-local counted, ccap, recent = nil, math.huge, {}
+local counted, ccap = nil, math.huge
 if has_affinity then
   bound = redis.call('GET', KEYS[2 * n + 1])
   for i = 1, n do
-    if bound == ARGV[6 + 4 * i] and loads[i] < cap then best, kept = i, 1 end
+    if bound == ARGV[7 + 4 * i] and loads[i] < cap and not sent_too_many(i) then best, kept = i, 1 end
   end
   counted = {}
   for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[n + i], '-inf', now)
     counted[i] = redis.call('ZCARD', KEYS[n + i])
   end
-  ccap = session_cap(counted)
-end
-for i = 1, n do recent[i] = 0 end
-if recent_mode > 0 then
-  for i = 1, n do
-    redis.call('ZREMRANGEBYSCORE', KEYS[rbase + i], '-inf', now)
-    if recent_mode == 2 then recent[i] = redis.call('ZCARD', KEYS[rbase + i]) end
-  end
+  ccap = share_cap(counted)
 end
 local function cheapest(use_ccap)
   local weight, choice, best_first, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil, nil
   for i = 1, n do
     if loads[i] < cap and (not use_ccap or counted[i] < ccap) then
-      local first = recent[i]
-      local cost = tonumber(ARGV[9 + 4 * i]) + weight * loads[i]
-      local free = tonumber(ARGV[8 + 4 * i])
+      local first = 0
+      if recent_mode == 2 then first = sent[i] end
+      local cost = tonumber(ARGV[10 + 4 * i]) + weight * loads[i]
+      local free = tonumber(ARGV[9 + 4 * i])
       if choice == nil or first < best_first or (first == best_first and (cost < best_cost
           or (cost == best_cost and free > best_free))) then
         choice, best_first, best_cost, best_free = i, first, cost, free
@@ -117,14 +140,18 @@ if best == nil then
 end
 redis.call('ZADD', KEYS[best], now + tonumber(ARGV[2]), ARGV[1])
 if recent_mode > 0 then
-  redis.call('ZADD', KEYS[rbase + best], now + tonumber(ARGV[9]), ARGV[1])
-  redis.call('EXPIRE', KEYS[rbase + best], math.ceil(tonumber(ARGV[9])))
+  redis.call('ZADD', KEYS[rbase + best], now + window, ARGV[1])
+  redis.call('EXPIRE', KEYS[rbase + best], math.ceil(window))
+  if own_key ~= nil then
+    redis.call('ZADD', own_key, now + window, ARGV[1])
+    redis.call('EXPIRE', own_key, math.ceil(window))
+  end
 end
 if has_affinity then
-  local chosen = ARGV[6 + 4 * best]
+  local chosen = ARGV[7 + 4 * best]
   redis.call('SET', KEYS[2 * n + 1], chosen, 'EX', ARGV[6])
   for i = 1, n do
-    if i ~= best and bound == ARGV[6 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
+    if i ~= best and bound == ARGV[7 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
   end
   redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), KEYS[2 * n + 1])
   redis.call('EXPIRE', KEYS[n + best], ARGV[6])
@@ -167,6 +194,12 @@ def recent_key(replica_id: int) -> str:
     return f"switchyard:replica:{replica_id}:recent"
 
 
+def session_recent_key(affinity_key: str) -> str:
+    """The requests of one session key routed in the last `routing.RECENT_SECONDS` (its own share
+    of its replica's recent ones)."""
+    return f"{affinity_key}:recent"
+
+
 class Dispatched:
     """One web process's side of the count: what it has open, and the Redis calls."""
 
@@ -186,9 +219,12 @@ class Dispatched:
             keys.append(affinity_key)
         if plan.recent:
             keys += [recent_key(c.replica_id) for c in plan.candidates]
-        recent = 2 if plan.fresh and affinity_key is None else int(plan.recent)
+            if affinity_key is not None:
+                keys.append(session_recent_key(affinity_key))
+        recent = (2 if plan.fresh else 1) if plan.recent else 0
+        rebalance = routing.MIN_RECENT_CAP if plan.rebalance else 0
         args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
-                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS]  # fmt: skip
+                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS, rebalance]  # fmt: skip
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
         index, kept, *loads = await self._pick(keys=keys, args=args)

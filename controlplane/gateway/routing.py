@@ -23,6 +23,22 @@ moves a key: with think times between turns a replica rarely has MIN_LOAD_CAP re
 flight, so where 28 sessions of 8-30 turns hashed decided the load (the cache benchmark's
 `session` policy had 1.55x the mean requests on one replica). Bound keys never move for it.
 
+Sessions differ in size by more than their count can balance (the benchmark's keys send 9 to 41
+requests: a forking agent's sub-agents carry its key), so a key also answers for the requests its
+replica was sent lately (each replica's last RECENT_SECONDS, and each key's own, in Redis):
+- placed anew, it goes among the eligible replicas to the one sent the fewest lately, then in
+  ring order (on an idle fleet: the ring's first);
+- bound (`session` policy), it moves when its replica was sent at least ⌈c·(Σrecent + 1)/n⌉ (and
+  MIN_RECENT_CAP) and the move helps: the least-sent other replica under the load bound, given
+  this key's own recent requests, would still stay under what its replica has now. A lone busy
+  session never moves (it would only carry its load along); of two busy sessions sharing a
+  replica while another idles, one moves. Simulated on the benchmark's trace (20 seeds, three
+  service speeds): max/mean requests per replica 1.13 on average, at most 1.22, against 1.34 and
+  1.83 for placement alone, at 0.6 points of hit rate (about 5 moves a run). `session+kv_aware`
+  keeps a bound key where its prefix is (the load bound alone moves it): there keyless traffic
+  counts among the recent requests too, and a session's turns would leave their cache to make
+  room for requests that are not its neighbours'.
+
 Without a key (`kv_aware`) there is nothing to count conversations by, and a conversation's first
 turn went wherever the shared system prompt was cheapest: whole conversations piled on one
 replica (the benchmark's `kv_aware` had 1.71x the mean requests on one). So the plan tells a new
@@ -47,8 +63,8 @@ The policies (a cache policy's `routing`):
 - `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
 - `least_loaded`: the lowest load (base 0, weight 1, no bound).
 - `session`: the key's replica: the one it is bound to (in Redis, with the policy's TTL), else the
-  first eligible one on a hash ring; unbound keys and keys whose replica left or is over the
-  bound are (re)bound to it. Requests without a key are routed `least_loaded`.
+  eligible one sent the fewest requests lately, in ring order; unbound keys and keys whose replica
+  left or is over a bound are (re)bound to it. Requests without a key are routed `least_loaded`.
 - `kv_aware`: the fewest blocks to prefill plus load, with the bound: base = the prompt's full
   blocks minus those the replica holds (`workers.protocol.kv_blocks`), weight LOAD_BLOCKS, so
   one request in flight costs as much as prefilling LOAD_BLOCKS blocks (Dynamo's
@@ -92,6 +108,9 @@ SHARED_PREFIX_PROMPTS = 2
 # A new keyless conversation goes where the fewest requests were sent this long: about one agent
 # conversation (8-30 turns, seconds apart), so it reflects the conversations now running.
 RECENT_SECONDS = 60
+# Below this many requests in the last RECENT_SECONDS a replica's bound sessions never move for
+# them: a handful of turns says nothing about a session's size yet.
+MIN_RECENT_CAP = 8
 
 
 @dataclass(frozen=True)
@@ -116,8 +135,9 @@ class Plan:
     load_factor: float  # 0: no bound
     reason: str
     session: str | None = None  # the key to honour and bind to the pick
-    recent: bool = False  # count the request in its replica's recent requests (KV-aware policies)
-    fresh: bool = False  # a new keyless conversation: to the replica sent the fewest requests lately
+    recent: bool = False  # count the request in its replica's (and its session's) recent requests
+    fresh: bool = False  # placed anew (a keyless new conversation, a session key): fewest recent first
+    rebalance: bool = False  # a bound session leaves a replica sent too many lately (`session` policy)
 
 
 def _point(label: str) -> int:
@@ -158,6 +178,14 @@ def session_cap(sessions: list[int], factor: float) -> float:
     return math.ceil(factor * (sum(sessions) + 1) / len(sessions))
 
 
+def recent_cap(recent: list[int], factor: float) -> float:
+    """max(⌈c·(Σrecent + 1)/n⌉, MIN_RECENT_CAP): the requests sent lately a bound session's
+    replica may have before the session moves (if moving helps: `pick`)."""
+    if factor <= 0 or not recent:
+        return math.inf
+    return max(math.ceil(factor * (sum(recent) + 1) / len(recent)), MIN_RECENT_CAP)
+
+
 def shared_prefix(best_blocks: int, earlier_prompts: int) -> int:
     """The prompt's leading blocks that many conversations share: the longest cached prefix of it
     (`best_blocks`, on any replica) when the cached prefixes of SHARED_PREFIX_PROMPTS earlier
@@ -166,27 +194,38 @@ def shared_prefix(best_blocks: int, earlier_prompts: int) -> int:
 
 
 def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, sessions: list[int] | None = None,
-         recent: list[int] | None = None) -> int:  # fmt: skip
+         recent: list[int] | None = None, own: int = 0) -> int:  # fmt: skip
     """The index of the candidate the rule chooses, given each one's gateway-dispatched count,
-    the replica the plan's session is bound to, each one's live session bindings and its recent
-    requests (the reference implementation of the Lua pick in `dispatched.py`, which reads the
-    binding and the counts itself in the same atomic step)."""
+    the replica the plan's session is bound to, each one's live session bindings, its recent
+    requests and the session's own recent requests (the reference implementation of the Lua pick
+    in `dispatched.py`, which reads the binding and the counts itself in the same atomic step)."""
     loads = [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
     cap = load_cap(loads, plan.load_factor)
     ids = [c.replica_id for c in plan.candidates]
+    sent = recent if plan.recent and recent is not None else [0] * len(loads)
     if plan.session is not None and bound_to in ids:
         i = ids.index(bound_to)
-        if loads[i] < cap:
+        if loads[i] < cap and not (plan.rebalance and _sent_too_many(i, sent, loads, cap, own, plan.load_factor)):
             return i
     eligible = [i for i, load in enumerate(loads) if load < cap]
     if plan.session is not None and sessions is not None:
         scap = session_cap(sessions, plan.load_factor)
         eligible = [i for i in eligible if sessions[i] < scap] or eligible
-    first = recent if plan.fresh and recent is not None else [0] * len(loads)
+    first = sent if plan.fresh else [0] * len(loads)
     return min(
         eligible,
         key=lambda i: (first[i], plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
     )
+
+
+def _sent_too_many(i: int, sent: list[int], loads: list[int], cap: float, own: int, factor: float) -> bool:
+    """Whether a bound session leaves candidate `i`: it was sent at least `recent_cap` lately, and
+    the least-sent other candidate under the load cap would, with the session's `own` recent
+    requests, still be under `i` (else the move would only carry the load along)."""
+    if sent[i] < recent_cap(sent, factor):
+        return False
+    others = [n for j, n in enumerate(sent) if j != i and loads[j] < cap]
+    return bool(others) and min(others) + own < sent[i]
 
 
 def plan(
@@ -219,7 +258,8 @@ def plan(
         # Consistent hashing with bounded loads: the binding first, then ring order.
         ordered = [by_id[rid] for rid in ring_order(session, list(by_id))]
         reason = "session_bound" if bound else "session_ring"
-        return Plan(ordered, [float(i) for i in range(n)], 0.0, load_factor, reason, session, recent=use_kv)
+        return Plan(ordered, [float(i) for i in range(n)], 0.0, load_factor, reason, session, recent=True, fresh=True,
+                    rebalance=policy == SESSION)  # fmt: skip
     if use_kv:  # a new (or moved) session key lands where its prefix is, then stays
         held = [min(c.cached_blocks, prompt_blocks) for c in candidates]
         base = [float(prompt_blocks - h) for h in held]

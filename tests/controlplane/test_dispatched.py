@@ -15,7 +15,7 @@ from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.gateway import generation, router, routing
-from controlplane.gateway.dispatched import Dispatched, dispatched_key, recent_key, sessions_key
+from controlplane.gateway.dispatched import Dispatched, dispatched_key, recent_key, session_recent_key, sessions_key
 from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
@@ -133,17 +133,20 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         plan = routing.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 60),
                             turn=rng.randrange(0, 7), load_factor=rng.choice([1.0, 1.25, 2.0]),
                             shared_blocks=rng.choice([0, max(c.cached_blocks for c in cands)]))  # fmt: skip
-        key = None
+        key, own = None, 0
         if plan.session is not None:
             key = f"switchyard:affinity:test-dispatched:{trial}"
             if bound is not None:
                 await sessions.set(key, bound)
+            own = rng.randrange(0, 8)  # the session's own requests lately
+            if own:
+                await sessions.zadd(session_recent_key(key), {f"mine{j}": 1e12 for j in range(own)})
         bindings = {c.replica_id: rng.randrange(0, 6) for c in cands}  # other sessions bound to each
         for rid, count in bindings.items():
             await sessions.delete(sessions_key(rid))
             if count:
                 await sessions.zadd(sessions_key(rid), {f"other{j}": 1e12 for j in range(count)})
-        sent = {c.replica_id: rng.randrange(0, 8) for c in cands}  # requests sent to each lately
+        sent = {c.replica_id: rng.randrange(0, 20) for c in cands}  # requests sent to each lately
         for rid, count in sent.items():
             await sessions.delete(recent_key(rid))
             if count:
@@ -154,7 +157,7 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         recent = [sent[c.replica_id] for c in plan.candidates]
         fresh += plan.fresh
         expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
-                                                recent=recent)].replica_id  # fmt: skip
+                                                recent=recent, own=own)].replica_id  # fmt: skip
         chosen = await web.pick(f"t{trial}", plan, key, 60)
         assert chosen.replica_id == expected, (plan, dispatched, bound)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
@@ -163,9 +166,11 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             for c in cands:  # ... and counted in that replica's sessions alone
                 held = await sessions.zscore(sessions_key(c.replica_id), key) is not None
                 assert held == (c.replica_id == chosen.replica_id)
-        for c in cands:  # a KV-aware plan counts the request among its replica's recent ones
+        for c in cands:  # a KV-aware or session plan counts the request among its replica's recent ones
             counted = await sessions.zscore(recent_key(c.replica_id), f"t{trial}") is not None
             assert counted == (plan.recent and c.replica_id == chosen.replica_id)
+        if key is not None:  # ... and among its session's
+            assert (await sessions.zscore(session_recent_key(key), f"t{trial}") is not None) == plan.recent
         await web.done(f"t{trial}")
     assert fresh > 5  # new keyless conversations were among the plans
 
@@ -228,6 +233,40 @@ async def test_new_sessions_spread_by_the_sessions_each_replica_holds(sessions):
         s = key.rsplit("even", 1)[1]
         assert (await web.pick(f"n{s}", session_plan(f"even{s}"), key, 60)).replica_id == rid
         await web.done(f"n{s}")
+
+
+async def test_a_bound_session_moves_off_a_replica_sent_its_share_twice_over_unless_it_is_alone(sessions):
+    """Two busy sessions bound to one replica (12 requests each in the last minute), the others
+    idle: the next turn of one moves to the least-sent replica and is bound there; a lone busy
+    session stays, since moving it would only carry its requests along."""
+    web = Dispatched(sessions)
+    home = RIDS[0]
+
+    async def busy(key: str, rid: int, n: int) -> None:
+        await sessions.set(key, rid)
+        await sessions.zadd(sessions_key(rid), {key: 1e12})
+        stamps = {f"{key}-{j}": 1e12 for j in range(n)}
+        await sessions.zadd(recent_key(rid), stamps)
+        await sessions.zadd(session_recent_key(key), stamps)
+
+    a, b = "switchyard:affinity:test-dispatched:busy-a", "switchyard:affinity:test-dispatched:busy-b"
+    await busy(a, home, 12)
+    await busy(b, home, 12)
+    await sessions.zadd(recent_key(RIDS[2]), {"other": 1e12})  # RIDS[1] and RIDS[3] idle
+    moved = await web.pick("m1", session_plan("busy-a"), a, 60)
+    assert not moved.kept_binding and moved.replica_id in (RIDS[1], RIDS[3])
+    assert int(await sessions.get(a)) == moved.replica_id
+    assert await sessions.zscore(sessions_key(home), a) is None
+    assert await sessions.zscore(sessions_key(moved.replica_id), a) is not None
+    await web.done("m1")
+    # a replica with one busy session alone, on a fleet otherwise as idle
+    for rid in RIDS:
+        await sessions.delete(recent_key(rid), sessions_key(rid))
+    lone = "switchyard:affinity:test-dispatched:busy-lone"
+    await busy(lone, home, 24)
+    stays = await web.pick("m2", session_plan("busy-lone"), lone, 60)
+    assert stays.kept_binding and stays.replica_id == home
+    await web.done("m2")
 
 
 async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was_sent(sessions):
