@@ -23,23 +23,16 @@ import sys
 from array import array
 from collections.abc import Sequence
 
+from workers.kvtransfer.layout import MUST_MATCH
+
 MAGIC = b"SYKV"
 VERSION = 1
 _HEADER = struct.Struct("<4sIQIQ")
 DIGEST_BYTES = 16
 
-# What two engines must agree on for a block's bytes to mean the same thing in both.
-LAYOUT_KEYS = (
-    "model",
-    "architecture",
-    "dtype",
-    "block_size",
-    "num_layers",
-    "num_kv_heads",
-    "head_dim",
-    "tp_rank",
-    "tp_size",
-)
+# What two engines must agree on for a block's bytes to mean the same thing in both: the
+# transfer handshake's keys, and the model (a tier is shared by replicas of many models).
+LAYOUT_KEYS = ("model", *MUST_MATCH)
 
 
 class CorruptBlock(Exception):
