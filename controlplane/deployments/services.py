@@ -172,12 +172,6 @@ def validate_parallel(data: dict) -> None:
     need = tp * pp
     if need == 1:
         return
-    if data.get("mode") == Deployment.Mode.DISAGGREGATED:
-        raise DomainError(
-            "disaggregated prefill/decode with tensor_parallel or pipeline_parallel > 1 is not built yet "
-            "(rank-to-rank KV transfer between groups)",
-            "tensor_parallel",
-        )
     if data.get("speculative_method", Deployment.Speculative.NONE) != Deployment.Speculative.NONE:
         raise DomainError(
             "speculative decoding with tensor_parallel or pipeline_parallel > 1 is not built yet", "speculative_method"

@@ -36,18 +36,25 @@ def test_a_parallel_replica_larger_than_any_node_is_refused_naming_the_numbers(s
     assert not Deployment.objects.exists()
 
 
-@pytest.mark.parametrize(
-    ("extra", "field", "says"),
-    [
-        ({"mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}, "tensor_parallel", "not built yet"),
-        ({"speculative_method": "ngram"}, "speculative_method", "not built yet"),
-    ],
-)
-def test_what_a_parallel_replica_cannot_run_is_refused(staff_client, model, cpu_node, extra, field, says):
-    body = {"slug": "d", "model": "tiny", "tensor_parallel": 2, **extra}
+def test_what_a_parallel_replica_cannot_run_is_refused(staff_client, model, cpu_node):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": 2, "speculative_method": "ngram"}
     response = staff_client.post("/api/v1/deployments/", body, format="json")
     assert response.status_code == 400
-    assert says in response.json()[field][0]
+    assert "not built yet" in response.json()["speculative_method"][0]
+
+
+def test_a_disaggregated_parallel_deployment_gives_prefill_and_decode_replicas_the_same_ranks(
+    staff_client, model, cpu_node
+):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": 2, "mode": "disaggregated", "prefill_replicas": 1,
+            "decode_replicas": 1}  # fmt: skip
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.json()
+    dep = Deployment.objects.get(slug="d")
+    for role in ("prefill", "decode"):  # rank to rank: both groups have the deployment's shape
+        replica = Replica.objects.create(deployment=dep, node=cpu_node, role=role)
+        spec = build_spec(replica)
+        assert (spec.role, spec.tensor_parallel, spec.pipeline_parallel) == (role, 2, 1)
 
 
 def test_a_parallel_replica_takes_one_device_per_rank_on_one_node(staff_client, model, cpu_node):

@@ -9,7 +9,7 @@ import pytest
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.kvtransfer import layout_mismatch
-from workers.kvtransfer.layout import block_bytes, block_segments
+from workers.kvtransfer.layout import block_bytes, block_segments, ranks_mismatch
 from workers.kvtransfer.mooncake import MooncakeKV, merge_runs
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,6 +42,12 @@ def test_layout_rules_and_addresses(model_dir):
     assert layout_mismatch(layout, {**layout, "num_blocks": 99}) is None  # sizes may differ
     assert "head_dim" in layout_mismatch(layout, {**layout, "head_dim": 1})
     assert "model: 'a' here, 'b' there" in layout_mismatch({**layout, "model": "a"}, {**layout, "model": "b"})
+    # a parallel replica's endpoint lists its ranks: the same count, each rank's layout agreeing
+    ranks = [{"layout": {**layout, "tp_rank": r, "tp_size": 2}} for r in (0, 1)]
+    assert ranks_mismatch({"ranks": ranks}, {"ranks": ranks}) is None and ranks_mismatch({}, {}) is None
+    assert ranks_mismatch({"ranks": ranks}, {}) == "KV layouts differ (ranks: 2 here, 1 there)"
+    other = [ranks[0], {"layout": {**ranks[1]["layout"], "num_layers": 1}}]
+    assert ranks_mismatch({"ranks": ranks}, {"ranks": other}).startswith("rank 1: KV layouts differ (num_layers")
     size = block_bytes(layout)
     segments = block_segments(1000, layout, [2, 3])
     assert segments[:2] == [1000 + 2 * size, 1000 + 3 * size]  # layer 0, keys

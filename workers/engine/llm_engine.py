@@ -264,25 +264,10 @@ class LLMEngine:
         return self._process(seq, [first_token], [first_logprobs or {first_token: 0.0}])
 
     def kv_layout(self) -> dict:
-        """What a peer must match to exchange KV blocks with this engine."""
-        if self.group is not None:
-            # Each rank holds a shard of the cache; moving rank 0's alone would be wrong.
-            raise RequestError("KV transfer from a tensor/pipeline parallel group is not built yet")
-        kv = self.runner.kv_cache
-        return {
-            "architecture": self.model_config.architecture,
-            "kv_layout": self.runner.kv_layout.kind,  # dense K/V or the MLA latent (kv_layout.py)
-            "kv_parts": kv.shape[1],
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "block_size": self.config.block_size,
-            "num_layers": kv.shape[0],
-            "num_kv_heads": kv.shape[4],
-            "head_dim": kv.shape[5],
-            "num_blocks": kv.shape[2],
-            "tp_rank": 0,
-            "tp_size": self.parallel.tensor_parallel_size,
-            "pp_size": self.parallel.pipeline_parallel_size,
-        }
+        """What a peer must match to exchange KV blocks with this engine. A parallel group's is
+        rank 0's; each rank's own comes with the group's transfer endpoint (kvtransfer/ranks.py)."""
+        runner = self.group.runner if self.group is not None else self.runner
+        return {**runner.kv_description(), **self.parallel.rank_fields(0)}
 
     def abort_request(self, request_id: str) -> bool:
         self.release_held(request_id)

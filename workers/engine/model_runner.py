@@ -63,6 +63,22 @@ class ModelRunner:
         for i, attn in enumerate(model.kv_cache_modules()):
             attn.bind_kv_cache(self.kv_cache[i])
 
+    def kv_description(self) -> dict:
+        """This runner's KV tensor as a peer must know it to exchange blocks with it (the engine
+        adds the parallel ranks: LLMEngine.kv_layout, parallel/launch.py)."""
+        kv = self.kv_cache
+        return {
+            "architecture": self.cfg.architecture,
+            "kv_layout": self.kv_layout.kind,  # dense K/V or the MLA latent (kv_layout.py)
+            "kv_parts": kv.shape[1],
+            "dtype": str(kv.dtype).removeprefix("torch."),
+            "block_size": self.block_size,
+            "num_layers": kv.shape[0],
+            "num_kv_heads": kv.shape[4],
+            "head_dim": kv.shape[5],
+            "num_blocks": kv.shape[2],
+        }
+
     def _tensor(self, data, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
 

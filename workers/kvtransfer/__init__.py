@@ -3,6 +3,7 @@
 - `layout`: what two engines must agree on (model, dtype, block size, layers, KV heads, head
   dim, parallel ranks) and where a block's bytes live in the engine's KV tensor.
 - `mooncake`: the Mooncake Transfer Engine backend (TCP here, RDMA where the NICs exist).
+- `ranks`: a tensor/pipeline-parallel replica's transfers, each rank moving its own shard.
 
 The flow (see workers/replica/disagg.py): the decode replica reserves blocks and sends their
 ids with its endpoint and layout to the prefill replica; the prefill replica computes the

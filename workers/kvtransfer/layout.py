@@ -22,6 +22,8 @@ MUST_MATCH = (
     "head_dim",
     "tp_rank",
     "tp_size",
+    "pp_rank",
+    "pp_size",
 )
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -38,6 +40,19 @@ def layout_mismatch(local: dict, remote: dict) -> str | None:
     if local.get("model") and remote.get("model") and local["model"] != remote["model"]:
         diffs.insert(0, f"model: {local['model']!r} here, {remote['model']!r} there")
     return "KV layouts differ (" + "; ".join(diffs) + ")" if diffs else None
+
+
+def ranks_mismatch(local: dict, remote: dict) -> str | None:
+    """None when two transfer endpoints have the same ranks with agreeing layouts, rank by rank
+    (a parallel replica's endpoint lists its ranks; a single-device one has none), else why."""
+    mine, theirs = local.get("ranks") or [], remote.get("ranks") or []
+    if len(mine) != len(theirs):
+        return f"KV layouts differ (ranks: {len(mine) or 1} here, {len(theirs) or 1} there)"
+    for rank, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        problem = layout_mismatch(a.get("layout") or {}, b.get("layout") or {})
+        if problem is not None:
+            return f"rank {rank}: {problem}"
+    return None
 
 
 def block_bytes(layout: dict) -> int:

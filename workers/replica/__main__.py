@@ -83,10 +83,14 @@ def serve(spec: ReplicaSpec, engine, client, log: logging.Logger) -> int:
     if spec.role in ("prefill", "decode"):
         from workers.kvtransfer import KVTransferError
         from workers.kvtransfer.mooncake import MooncakeKV
+        from workers.kvtransfer.ranks import GroupKV
         from workers.replica.disagg import Disaggregation
 
         try:
-            kv = MooncakeKV(engine.runner.kv_cache, engine.kv_layout(), spec.kv_host, spec.kv_protocol)
+            if engine.group is not None:  # every rank moves its own shard
+                kv = GroupKV(engine.group, spec.kv_host, spec.kv_protocol)
+            else:
+                kv = MooncakeKV(engine.runner.kv_cache, engine.kv_layout(), spec.kv_host, spec.kv_protocol)
         except KVTransferError as exc:
             log.error("cannot serve as %s: %s", spec.role, exc)
             return 2

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from workers.engine.errors import RequestError
 from workers.engine.sampling_params import SamplingParams
 from workers.kvtransfer import KVTransferError, layout_mismatch
+from workers.kvtransfer.layout import ranks_mismatch
 from workers.kvtransfer.mooncake import Transfer
 from workers.protocol import replica as protocol
 from workers.protocol.replica import (
@@ -100,7 +101,7 @@ class Disaggregation:
     def __init__(self, server, kv, timeout: float):
         self.server = server
         self.engine = server.engine
-        self.kv = kv  # MooncakeKV
+        self.kv = kv  # MooncakeKV, or GroupKV for a parallel replica (kvtransfer/ranks.py)
         self.timeout = timeout
         self.layout = {**self.engine.kv_layout(), "model": server.spec.model_name}
         self.waiting: dict[str, Handoff] = {}  # decode side
@@ -246,7 +247,7 @@ class Disaggregation:
     def on_prefill(self, message: PrefillMessage) -> None:
         rid, reply = message.id, message.reply_stream
         remote = message.kv if isinstance(message.kv, dict) else {}
-        problem = layout_mismatch(self.layout, remote.get("layout") or {})
+        problem = layout_mismatch(self.layout, remote.get("layout") or {}) or ranks_mismatch(self.endpoint(), remote)
         if problem is None and time.time() >= float(message.deadline):
             problem = "the deadline passed before the prefill started"
         if problem is None:

@@ -38,6 +38,12 @@ class ParallelConfig:
     def num_micro_batches(self) -> int:
         return self.micro_batches or self.pipeline_parallel_size
 
+    def rank_fields(self, rank: int) -> dict:
+        """Where `rank` sits, as a KV layout names it: a rank exchanges blocks only with the rank
+        at the same place in a group of the same shape (kvtransfer/ranks.py)."""
+        tp = self.tensor_parallel_size
+        return {"tp_rank": rank % tp, "tp_size": tp, "pp_rank": rank // tp, "pp_size": self.pipeline_parallel_size}
+
     def stage_layers(self, num_layers: int) -> list[tuple[int, int]]:
         """[start, end) decoder layers of each stage."""
         pp = self.pipeline_parallel_size

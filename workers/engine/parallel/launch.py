@@ -29,6 +29,7 @@ from workers.engine.parallel import group as pgroup
 from workers.engine.parallel.config import ParallelConfig, ParallelError
 from workers.engine.parallel.model import load_stage
 from workers.engine.parallel.runner import ParallelRunner
+from workers.kvtransfer import ranks as kv_ranks
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,14 @@ class RankState:
     model: torch.nn.Module
     runner: ParallelRunner
     num_blocks: int
+    kv: object = None  # its KV transfer engine, once rank 0 opened them (kvtransfer/ranks.py)
 
     def memory(self) -> dict:
         return rank_memory(self.group.rank, self.model, self.runner.kv_cache, self.group.device)
+
+    def kv_layout(self) -> dict:
+        """This rank's KV tensor as a peer rank must match it."""
+        return {**self.runner.kv_description(), **self.group.parallel.rank_fields(self.group.rank)}
 
 
 def build_rank(
@@ -102,6 +108,8 @@ def worker_main(engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig
                 state.runner.run_stage(command[1])
             elif kind == "memory":
                 state.group.gather_objects(state.memory())
+            elif kind == "kv":
+                state.group.gather_objects(kv_ranks.serve(state, command[1], command[2]))
             elif kind == "stop":
                 break
     except Exception:
@@ -187,6 +195,18 @@ class ParallelGroup:
         self.check()
         self.state.group.broadcast_command(("memory",))
         return self.state.group.gather_objects(self.state.memory())
+
+    def kv_command(self, op: str, args=None) -> list[dict]:
+        """Every rank's answer to a KV transfer command (kvtransfer/ranks.py), by rank. A rank
+        that died, or a broken group, fails the group (ParallelError), as a step would."""
+        self.check()
+        try:
+            self.state.group.broadcast_command(("kv", op, args))
+            return self.state.group.gather_objects(kv_ranks.serve(self.state, op, args))
+        except Exception as exc:
+            reason = self._dead() or f"{type(exc).__name__}: {exc}"
+            self.close(kill=True)
+            raise ParallelError(f"the parallel group failed during a KV transfer: {reason}") from exc
 
     def close(self, kill: bool = False) -> None:
         if self.closed:
