@@ -3,7 +3,6 @@ checkpoints give the same tokens and logprobs as their dequantized fp32 twins, s
 in memory, and unsupported formats are refused by name."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -233,19 +232,50 @@ def test_targets_and_ignore_follow_compressed_tensors_matching():
     assert fp8.scheme_for("model.layers.0.mlp.down_proj") is None and fp8.scheme_for("lm_head") is None
 
 
-def test_a_quantized_deepseek_v3_checkpoint_is_refused_as_not_built(checkpoint_factory, tmp_path):
-    """DeepSeek-V3 ships fp8 and Kimi K2 int4 experts; until the stacked experts take quantized
-    weights, such a checkpoint is refused by name (at registration and at load) rather than
-    failing on an unplaced tensor. Its config is still read (the planner and KV layout use it)."""
+# Kimi K2 Thinking's int4 layout on its architecture: routed experts only (attention, the shared
+# experts, the dense first layer and the head stay dense); DeepSeek-V3's fp8: every linear layer.
+KIMI_EXPERTS_ONLY = ("lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:model\.layers\.0\.mlp\..*")
+MLA_CASES = {
+    "kimi_int4_experts": (int4_config(ignore=KIMI_EXPERTS_ONLY), "kimi_k2"),
+    "deepseek_fp8_128": (fp8_config((128, 128)), "deepseek_v3"),  # every block partial
+    "deepseek_fp8_16": (fp8_config((16, 16)), "deepseek_v3_no_q_lora"),  # kv_a (48 rows) off block rows
+}
+
+
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_quantized_mla_moe_checkpoints_generate_what_their_dequantized_twins_do(dirs, case):
+    """DeepSeek-V3 / Kimi K2 (MLA + MoE): quantized routed experts (a quantized layer pair per
+    expert), and with fp8 the MLA projections too (the absorbed decode's W_UK and W_UV come from
+    the dequantized kv_b_proj)."""
+    from workers.engine.layers.moe import ExpertLinears, Experts
+
+    quant, arch = MLA_CASES[case]
+    qdir, twin = dirs(case, quant, arch)
+    llm, got = generate(qdir)
+    _, want = generate(twin)
+    model = llm.engine.model
+    kind = Int4PackedLinear if quant["quant_method"] != "fp8" else Fp8BlockLinear
+    moe = model.model.layers[1].mlp
+    assert isinstance(moe.experts, ExpertLinears) and isinstance(moe.experts.down[0], kind)
+    assert not any(isinstance(m, Experts) for m in model.modules())
+    attn = model.model.layers[1].self_attn
+    assert isinstance(attn.kv_b_proj, kind if kind is Fp8BlockLinear else Linear)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids
+        diffs = [abs(a.logprobs[i][t] - b.logprobs[i][t]) for i, t in enumerate(a.token_ids)]
+        assert max(diffs) < 1e-4
+    assert weight_bytes(model) < weight_bytes(LLM(str(twin), device="cpu", dtype="float32").engine.model)
+
+
+def test_a_quantization_config_leaving_some_experts_dense_is_refused(checkpoint_factory, tmp_path):
+    quant = int4_config(ignore=(*KIMI_EXPERTS_ONLY, r"re:.*experts\.3\..*"))
+    qdir, _ = write_quantized(checkpoint_factory("kimi_k2"), tmp_path / "q", tmp_path / "twin", quant)
+    with pytest.raises(ModelLoadError, match="leaves some of model.layers.1.mlp.experts's experts dense"):
+        LLM(str(qdir), device="cpu", dtype="float32")
+
+
+def test_loadable_formats_are_checked_at_registration(checkpoint_factory):
     fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-    config = {"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": fp8}
-    with pytest.raises(UnsupportedQuantizationError, match="DeepseekV3ForCausalLM is not built yet"):
-        check_loadable(config)
-    check_loadable({**config, "architectures": ["LlamaForCausalLM"]})
+    check_loadable({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": fp8})
     with pytest.raises(UnsupportedQuantizationError, match="quant_method 'awq'"):
-        check_loadable({**config, "quantization_config": {"quant_method": "awq"}})
-    model_dir = shutil.copytree(checkpoint_factory("deepseek_v3"), tmp_path / "fp8")  # the factory's is shared
-    raw = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps({**raw, "quantization_config": fp8}))
-    with pytest.raises(ModelLoadError, match="quantized DeepseekV3ForCausalLM checkpoints are not built yet"):
-        LLM(str(model_dir), device="cpu", dtype="float32")
+        check_loadable({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": {"quant_method": "awq"}})

@@ -85,7 +85,8 @@ def fp8_config(block=(128, 128)) -> dict:
 
 
 def _is_linear(name: str) -> bool:
-    return name.endswith(".weight") and (name.endswith("_proj.weight") or name == "lm_head.weight")
+    """A linear layer's weight (DeepSeek-V3's router, `mlp.gate.weight`, stays dense as it ships)."""
+    return name.endswith(("_proj.weight", ".kv_a_proj_with_mqa.weight")) or name == "lm_head.weight"
 
 
 def write_quantized(src: Path, dst: Path, twin: Path, quant: dict) -> tuple[Path, Path]:

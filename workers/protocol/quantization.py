@@ -139,17 +139,9 @@ def _fp8(raw: dict, source: str) -> QuantConfig:
     return QuantConfig("fp8", (_Group(scheme, ("Linear",)),), ignore)
 
 
-# Architectures whose quantized checkpoints are read (their config sized by the planner) but not
-# loaded: DeepseekV3's routed experts are stacked [experts, out, in] tensors, the quantized layers 2-D.
-NOT_BUILT_QUANTIZED = ("DeepseekV3ForCausalLM",)
-
-
 def check_loadable(config: dict, source: str = "config.json") -> None:
     """Refuse, by name, a quantized checkpoint the engine cannot load (at registration and load)."""
-    quantized = quantization_config(config, source) is not None  # an unknown format is refused here
-    arch = next((a for a in config.get("architectures") or () if a in NOT_BUILT_QUANTIZED), None)
-    if arch and quantized:
-        raise _refuse(source, f"on {arch} is not built yet (quantized experts)")
+    quantization_config(config, source)  # an unknown format is refused here
 
 
 def quantization_config(config: dict, source: str = "config.json") -> QuantConfig | None:

@@ -71,7 +71,8 @@ class MLAttention(nn.Module):
 
     def prepare(self) -> None:
         """After loading: W_UK and W_UV, split out of kv_b_proj, for the absorbed decode."""
-        w = dense_weight(self.kv_b_proj).detach().view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
+        w = dense_weight(self.kv_b_proj).detach().to(self.kv_a_layernorm.weight.dtype)  # fp8 dequantizes to fp32
+        w = w.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
         self.w_uk = w[:, : self.nope].contiguous()
         self.w_uv_t = w[:, self.nope :].transpose(1, 2).contiguous()
 

@@ -7,9 +7,10 @@ whose two best biased scores sum highest are eligible, then the top num_experts_
 are taken; the *weights* are the unbiased scores of those, normalised to sum 1 when
 norm_topk_prob, times routed_scaling_factor. Kimi K2 has n_group = 1 (no group limit).
 
-Experts (`Experts`): the (token, expert) pairs are sorted by expert, so each expert runs one
-matmul over its contiguous slice of tokens (a loop over the experts hit, never over tokens),
-and the weighted outputs are added back to their tokens.
+Experts: the (token, expert) pairs are sorted by expert, so each expert runs one matmul over
+its contiguous slice of tokens (a loop over the experts hit, never over tokens), and the
+weighted outputs are added back to their tokens. Dense experts are stored stacked (`Experts`);
+quantized ones as one pair of quantized layers each (`ExpertLinears`).
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def route(logits: torch.Tensor, bias: torch.Tensor, moe: MoEConfig) -> tuple[tor
     return weights * moe.routed_scaling_factor, ids
 
 
-class Experts(nn.Module):
-    """`n` SwiGLU experts stored stacked: gate_up [n, 2·inter, hidden], down [n, hidden, inter]."""
+class _SortedExperts(nn.Module):
+    """The routed computation both expert stores share: (token, expert) pairs sorted by expert,
+    one call per expert hit on its contiguous slice, weighted outputs added back to their tokens."""
 
-    def __init__(self, n: int, hidden: int, inter: int):
-        super().__init__()
-        self.num_experts, self.inter = n, inter
-        self.gate_up = nn.Parameter(torch.empty(n, 2 * inter, hidden))
-        self.down = nn.Parameter(torch.empty(n, hidden, inter))
+    num_experts: int
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         k = ids.shape[1]
@@ -59,12 +60,40 @@ class Experts(nn.Module):
         start = 0
         for e, n in enumerate(counts):
             if n:
-                part = xs[start : start + n]
-                h = kernels.silu_and_mul(part @ self.gate_up[e].t())
-                out[start : start + n] = h @ self.down[e].t()
+                out[start : start + n] = self.expert(e, xs[start : start + n])
                 start += n
         out.mul_(weights.reshape(-1).index_select(0, order)[:, None].to(out.dtype))
         return torch.zeros_like(x).index_add_(0, tokens, out)
+
+
+class Experts(_SortedExperts):
+    """`n` dense SwiGLU experts stored stacked: gate_up [n, 2·inter, hidden], down [n, hidden, inter]."""
+
+    def __init__(self, n: int, hidden: int, inter: int):
+        super().__init__()
+        self.num_experts, self.inter = n, inter
+        self.gate_up = nn.Parameter(torch.empty(n, 2 * inter, hidden))
+        self.down = nn.Parameter(torch.empty(n, hidden, inter))
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_and_mul(x @ self.gate_up[e].t()) @ self.down[e].t()
+
+
+class ExpertLinears(_SortedExperts):
+    """`n` SwiGLU experts as a pair of linear layers each (gate and up fused, down), made by
+    `make(prefixes, in_features, out_features)`: the form quantized experts take, since a
+    quantized layer is 2-D and keeps its checkpoint's own tensors (layers/quantized.py)."""
+
+    def __init__(self, n: int, hidden: int, inter: int, prefix: str, make):
+        super().__init__()
+        self.num_experts, self.inter = n, inter
+        self.gate_up = nn.ModuleList(
+            make((f"{prefix}.{e}.gate_proj", f"{prefix}.{e}.up_proj"), hidden, (inter, inter)) for e in range(n)
+        )
+        self.down = nn.ModuleList(make(f"{prefix}.{e}.down_proj", inter, hidden) for e in range(n))
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.down[e](kernels.silu_and_mul(self.gate_up[e](x)))
 
 
 class MoE(nn.Module):

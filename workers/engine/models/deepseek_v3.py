@@ -6,8 +6,9 @@ layers) or the mixture of experts (layers/moe.py). Rope is yarn-scaled in the re
 (layers/rotary.py). The checkpoint's multi-token-prediction layer (`model.layers.<num_layers>`,
 DeepSeek-V3's `num_nextn_predict_layers`) is not used and not loaded.
 
-Every linear layer is made by `make_linear` and every routed-expert set by `make_experts`, so a
-quantized implementation can be put in place of them in one spot.
+Every linear layer is made by `layers.quantized.make_linear` (dense, int4 or fp8 as the
+checkpoint's quantization config says of that module) and every routed-expert set by
+`make_experts` (stacked dense tensors, or a quantized layer pair per expert).
 """
 
 from __future__ import annotations
@@ -24,29 +25,43 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.mla import MLAttention
-from workers.engine.layers.moe import Experts, MoE
+from workers.engine.layers.moe import ExpertLinears, Experts, MoE
 from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.quantized import QuantizedLinear, make_linear, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.protocol.quantization import QuantConfig
 
 
-def make_linear(in_features: int, out_features: int, name: str = "") -> nn.Module:
-    """The one place this model makes a linear layer (`name`: its checkpoint prefix)."""
-    return Linear(in_features, out_features, bias=False)
+def linear_factory(quant: QuantConfig | None):
+    """MLAttention's linear factory: (in, out, checkpoint module name) → dense, int4 or fp8 as the
+    checkpoint's quantization config says of that module."""
+
+    def linear(in_features: int, out_features: int, name: str) -> nn.Module:
+        return make_linear(quant, name, in_features, out_features)
+
+    return linear
 
 
-def make_experts(num_experts: int, hidden: int, inter: int, name: str = "") -> nn.Module:
-    """The one place this model makes a layer's routed experts."""
-    return Experts(num_experts, hidden, inter)
+def make_experts(quant: QuantConfig | None, n: int, hidden: int, inter: int, prefix: str) -> nn.Module:
+    """A layer's routed experts: stacked dense tensors, or quantized layers per expert when the
+    config quantizes them (Kimi K2's int4 experts, DeepSeek-V3's fp8)."""
+    modules = [f"{prefix}.{e}.{part}" for e in range(n) for part in ("gate_proj", "up_proj", "down_proj")]
+    schemes = {quant.scheme_for(m) for m in modules} if quant is not None else {None}
+    if schemes == {None}:
+        return Experts(n, hidden, inter)
+    if None in schemes:
+        raise ModelLoadError(f"quantization_config leaves some of {prefix}'s experts dense: not built")
+    return ExpertLinears(n, hidden, inter, prefix, lambda names, i, o: make_linear(quant, names, i, o))
 
 
 class MLP(nn.Module):
     """SwiGLU with gate and up fused (the dense layers' MLP and the shared experts)."""
 
-    def __init__(self, hidden: int, inter: int, prefix: str):
+    def __init__(self, quant: QuantConfig | None, hidden: int, inter: int, prefix: str):
         super().__init__()
         self.inter = inter
-        self.gate_up_proj = make_linear(hidden, 2 * inter, f"{prefix}gate_up_proj")
-        self.down_proj = make_linear(inter, hidden, f"{prefix}down_proj")
+        self.gate_up_proj = make_linear(quant, (f"{prefix}gate_proj", f"{prefix}up_proj"), hidden, (inter, inter))
+        self.down_proj = make_linear(quant, f"{prefix}down_proj", inter, hidden)
 
     def forward(self, x):
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
@@ -57,21 +72,21 @@ class DecoderLayer(nn.Module):
         super().__init__()
         prefix = f"model.layers.{index}."
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MLAttention(cfg, make_linear, prefix + "self_attn.")
+        quant = cfg.quantization
+        self.self_attn = MLAttention(cfg, linear_factory(quant), prefix + "self_attn.")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         moe = cfg.moe
         if moe.is_moe_layer(index):
             shared = None
             if moe.n_shared_experts:
-                shared = MLP(
-                    cfg.hidden_size, moe.moe_intermediate_size * moe.n_shared_experts, prefix + "mlp.shared_experts."
-                )
+                inter = moe.moe_intermediate_size * moe.n_shared_experts
+                shared = MLP(quant, cfg.hidden_size, inter, prefix + "mlp.shared_experts.")
             experts = make_experts(
-                moe.n_routed_experts, cfg.hidden_size, moe.moe_intermediate_size, prefix + "mlp.experts"
+                quant, moe.n_routed_experts, cfg.hidden_size, moe.moe_intermediate_size, prefix + "mlp.experts"
             )
             self.mlp = MoE(cfg.hidden_size, moe, shared, experts)
         else:
-            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, prefix + "mlp.")
+            self.mlp = MLP(quant, cfg.hidden_size, cfg.intermediate_size, prefix + "mlp.")
 
     def forward(self, x, rope, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, meta)
@@ -105,12 +120,9 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.quantization is not None:
-            # The routed experts are stacked [experts, out, in] tensors; quantized layers are 2-D.
-            raise ModelLoadError("quantized DeepseekV3ForCausalLM checkpoints are not built yet (quantized experts)")
         self.config = cfg
         self.model = DeepseekV3Model(cfg)
-        self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, "lm_head")
+        self.lm_head = make_linear(cfg.quantization, "lm_head", cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("cos_sin", self._table(), persistent=False)
@@ -177,7 +189,7 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     def _expected(self) -> set[str]:
         """Every checkpoint tensor name this model needs."""
-        names = set()
+        names = set(quantized_tensor_layout(self))
         for name, p in self.named_parameters():
             if name.endswith(".gate_up_proj.weight"):
                 names |= {name.replace("gate_up_proj", "gate_proj"), name.replace("gate_up_proj", "up_proj")}
@@ -200,12 +212,18 @@ class DeepseekV3ForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
+        quantized = quantized_tensor_layout(self)
         missing = self._expected()
         for name, tensor in tensors:
             layer = _LAYER.match(name)
             if layer and int(layer[1]) >= self.config.num_layers:
                 continue  # the multi-token-prediction layer
             if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            if name in quantized:
+                module, suffix, rows = quantized[name]
+                module.load_tensor(name, suffix, tensor, rows)
+                missing.discard(name)
                 continue
             dest = self._destination(name, params)
             if dest is None:
@@ -219,7 +237,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         if missing:
             raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, QuantizedLinear)):
                 module.prepare()
         for attn in self.kv_cache_modules():
             attn.prepare()
