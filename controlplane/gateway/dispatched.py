@@ -38,28 +38,30 @@ REFRESH_SECONDS = 10
 
 # The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
 # candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
-# session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets (and, with an
-# affinity key, the session's own recent set). ARGV: request id, ttl, load weight, load factor
-# (0: no bound), has affinity, affinity ttl, the minimum cap, recent (0: not counted, 1: counted,
-# 2: counted and first: placed anew), the recent window, the minimum recent cap (0: a bound
-# session does not move for its replica's recent requests), then per
-# candidate its replica id, reported load, free KV blocks and base cost.
+# session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets, then, if ARGV[11]
+# is 1, the recent set of the request's own session or keyless conversation. ARGV: request id,
+# ttl, load weight, load factor (0: no bound), has affinity, affinity ttl, the minimum cap, recent
+# (0: not counted, 1: counted, 2: counted and first: placed anew), the recent window, the minimum
+# recent cap (0: no rebalancing: neither a bound session nor a keyless turn moves for its
+# replica's recent requests), has an own set, then per candidate its replica id, reported load,
+# free KV blocks and base cost.
 # Drops expired entries; a bound session's replica wins while under the load cap and not sent
 # too many lately (`routing._sent_too_many`), else the lowest base + weight * load among those
 # under the load cap (a session placed anew: and under the session cap, unless none is; placed
-# anew: the fewest recent requests first; ties: most free KV blocks, then the first); adds the
-# request to it (and to its and the session's recent sets) and (re)binds the session, moving it
-# between session sets. Returns {index (0-based), 1 if the binding was kept, the candidates'
-# loads...}.
+# anew, or a keyless turn whose cheapest replica was sent too many: the fewest recent requests
+# first; ties: most free KV blocks, then the first); adds the request to it (and to its and the
+# own recent sets) and (re)binds the session, moving it between session sets. Returns {index
+# (0-based), 1 if the binding was kept, the candidates' loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local has_affinity = ARGV[5] == '1'
 local recent_mode = tonumber(ARGV[8])
 local window = tonumber(ARGV[9])
+local has_own = ARGV[11] == '1'
 local extra = 0
 if has_affinity then extra = extra + 1 end
-if has_affinity and recent_mode > 0 then extra = extra + 1 end
+if has_own then extra = extra + 1 end
 local sets = 1
 if has_affinity then sets = sets + 1 end
 if recent_mode > 0 then sets = sets + 1 end
@@ -67,11 +69,11 @@ local n = (#KEYS - extra) / sets
 local rbase = n
 if has_affinity then rbase = 2 * n + 1 end
 local own_key = nil
-if has_affinity and recent_mode > 0 then own_key = KEYS[rbase + n + 1] end
+if has_own then own_key = KEYS[#KEYS] end
 local loads, total = {}, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  loads[i] = math.max(tonumber(ARGV[8 + 4 * i]), redis.call('ZCARD', KEYS[i]))
+  loads[i] = math.max(tonumber(ARGV[9 + 4 * i]), redis.call('ZCARD', KEYS[i]))
   total = total + loads[i]
 end
 local factor = tonumber(ARGV[4])
@@ -109,7 +111,7 @@ local counted, ccap = nil, math.huge
 if has_affinity then
   bound = redis.call('GET', KEYS[2 * n + 1])
   for i = 1, n do
-    if bound == ARGV[7 + 4 * i] and loads[i] < cap and not sent_too_many(i) then best, kept = i, 1 end
+    if bound == ARGV[8 + 4 * i] and loads[i] < cap and not sent_too_many(i) then best, kept = i, 1 end
   end
   counted = {}
   for i = 1, n do
@@ -118,14 +120,22 @@ if has_affinity then
   end
   ccap = share_cap(counted)
 end
+local spread = recent_mode == 2
+if not has_affinity and recent_mode == 1 and ARGV[10] ~= '0' then
+  local home = 1  -- a continued keyless turn's home: the cheapest replica
+  for i = 2, n do
+    if tonumber(ARGV[11 + 4 * i]) < tonumber(ARGV[11 + 4 * home]) then home = i end
+  end
+  spread = sent_too_many(home)
+end
 local function cheapest(use_ccap)
   local weight, choice, best_first, best_cost, best_free = tonumber(ARGV[3]), nil, nil, nil, nil
   for i = 1, n do
     if loads[i] < cap and (not use_ccap or counted[i] < ccap) then
       local first = 0
-      if recent_mode == 2 then first = sent[i] end
-      local cost = tonumber(ARGV[10 + 4 * i]) + weight * loads[i]
-      local free = tonumber(ARGV[9 + 4 * i])
+      if spread then first = sent[i] end
+      local cost = tonumber(ARGV[11 + 4 * i]) + weight * loads[i]
+      local free = tonumber(ARGV[10 + 4 * i])
       if choice == nil or first < best_first or (first == best_first and (cost < best_cost
           or (cost == best_cost and free > best_free))) then
         choice, best_first, best_cost, best_free = i, first, cost, free
@@ -148,10 +158,10 @@ if recent_mode > 0 then
   end
 end
 if has_affinity then
-  local chosen = ARGV[7 + 4 * best]
+  local chosen = ARGV[8 + 4 * best]
   redis.call('SET', KEYS[2 * n + 1], chosen, 'EX', ARGV[6])
   for i = 1, n do
-    if i ~= best and bound == ARGV[7 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
+    if i ~= best and bound == ARGV[8 + 4 * i] then redis.call('ZREM', KEYS[n + i], KEYS[2 * n + 1]) end
   end
   redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), KEYS[2 * n + 1])
   redis.call('EXPIRE', KEYS[n + best], ARGV[6])
@@ -210,9 +220,12 @@ class Dispatched:
         self._pick = client.register_script(_PICK)
         self._refresh = client.register_script(_REFRESH)
 
-    async def pick(self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0) -> Pick:
+    async def pick(self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0,
+                   own_key: str | None = None) -> Pick:  # fmt: skip
         """Choose by `plan` (routing.py's rule, in one atomic step) and count the request against
-        the replica chosen; with `affinity_key`, honour and (re)bind the plan's session."""
+        the replica chosen; with `affinity_key`, honour and (re)bind the plan's session. `own_key`:
+        the recent set of the request's keyless conversation (`router.conversation_recent_key`);
+        a session's is its affinity key's."""
         keys = [dispatched_key(c.replica_id) for c in plan.candidates]
         if affinity_key is not None:
             keys += [sessions_key(c.replica_id) for c in plan.candidates]
@@ -220,11 +233,15 @@ class Dispatched:
         if plan.recent:
             keys += [recent_key(c.replica_id) for c in plan.candidates]
             if affinity_key is not None:
-                keys.append(session_recent_key(affinity_key))
+                own_key = session_recent_key(affinity_key)
+            if own_key is not None:
+                keys.append(own_key)
+        else:
+            own_key = None
         recent = (2 if plan.fresh else 1) if plan.recent else 0
         rebalance = routing.MIN_RECENT_CAP if plan.rebalance else 0
         args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
-                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS, rebalance]  # fmt: skip
+                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS, rebalance, int(own_key is not None)]  # fmt: skip
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
         index, kept, *loads = await self._pick(keys=keys, args=args)

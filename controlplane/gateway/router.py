@@ -79,6 +79,36 @@ def prefix_end_key(deployment: str, block_hash: int) -> str:
     return f"switchyard:routing:{deployment}:prefix_end:{block_hash}"
 
 
+def conversations_key(deployment: str) -> str:
+    """The block hashes where keyless conversations began (their first block past a shared prefix)."""
+    return f"switchyard:routing:{deployment}:conversations"
+
+
+def conversation_recent_key(deployment: str, block_hash: int) -> str:
+    """The requests of the keyless conversation that began at `block_hash`, lately."""
+    return f"switchyard:routing:{deployment}:conversation:{block_hash}:recent"
+
+
+async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: routing.Plan, hashes: list[int],
+                        cached: dict[int, int]) -> int | None:  # fmt: skip
+    """A keyless prompt's conversation, as the block it began at, so that its requests count as
+    one conversation's (a session key's stand-in for `routing.pick`'s rebalancing). A new
+    conversation begins at its first block past the longest cached prefix (registered here, for
+    the session TTL); a continued one at the deepest registered beginning its prompt holds (a
+    sub-agent forked from a parent's context counts with the parent, as under one session key)."""
+    if plan.fresh:
+        start = hashes[min(max(cached.values(), default=0), len(hashes) - 1)]
+        async with hub.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(conversations_key(slug), start)
+            pipe.expire(conversations_key(slug), max(cfg.session_ttl, 1))
+            await pipe.execute()
+        return start
+    if not plan.rebalance:
+        return None
+    member = await hub.redis.smismember(conversations_key(slug), hashes)
+    return next((h for h, m in zip(reversed(hashes), reversed(member), strict=True) if m), None)
+
+
 async def _shared_blocks(hub: ReplicaHub, cfg: Settings, slug: str, hashes: list[int], cached: dict[int, int]) -> int:
     """How many of the prompt's leading blocks many conversations share (`routing.shared_prefix`),
     counting this prompt among those whose longest cached prefix ended at that block (each count
@@ -175,7 +205,11 @@ async def choose(
     plan = routing.plan(cfg.policy, views, session=session, bound_to=bound_to, prompt_blocks=len(hashes),
                         turn=turn, load_factor=cfg.load_factor, shared_blocks=shared)  # fmt: skip
     key = affinity_key(deployment.slug, session) if plan.session is not None else None
-    picked = await hub.dispatched.pick(request_id, plan, key, cfg.session_ttl)
+    own = None
+    if plan.session is None and hashes and plan.recent:
+        start = await _conversation(hub, cfg, deployment.slug, plan, hashes, cached)
+        own = conversation_recent_key(deployment.slug, start) if start is not None else None
+    picked = await hub.dispatched.pick(request_id, plan, key, cfg.session_ttl, own_key=own)
 
     reason = plan.reason if len(live) > 1 else "only_ready_replica"
     if picked.kept_binding:

@@ -137,7 +137,9 @@ class Plan:
     session: str | None = None  # the key to honour and bind to the pick
     recent: bool = False  # count the request in its replica's (and its session's) recent requests
     fresh: bool = False  # placed anew (a keyless new conversation, a session key): fewest recent first
-    rebalance: bool = False  # a bound session leaves a replica sent too many lately (`session` policy)
+    # A bound session (`session` policy) or a continued keyless conversation (`kv_aware`) leaves
+    # its replica when it was sent too many lately and moving helps (`_sent_too_many`).
+    rebalance: bool = False
 
 
 def _point(label: str) -> int:
@@ -211,7 +213,11 @@ def pick(plan: Plan, dispatched: list[int], bound_to: int | None = None, session
     if plan.session is not None and sessions is not None:
         scap = session_cap(sessions, plan.load_factor)
         eligible = [i for i in eligible if sessions[i] < scap] or eligible
-    first = sent if plan.fresh else [0] * len(loads)
+    fresh = plan.fresh
+    if plan.rebalance and plan.session is None:  # a continued keyless turn: its home is the cheapest
+        home = min(range(len(loads)), key=lambda i: (plan.base[i], i))
+        fresh = _sent_too_many(home, sent, loads, cap, own, plan.load_factor)
+    first = sent if fresh else [0] * len(loads)
     return min(
         eligible,
         key=lambda i: (first[i], plan.base[i] + plan.weight * loads[i], -plan.candidates[i].free_blocks, i),
@@ -267,7 +273,7 @@ def plan(
         fresh = not use_session and max(held) <= min(shared_blocks, prompt_blocks) and max(held) < prompt_blocks
         reason = "session_kv_aware" if use_session else KV_AWARE + (";new_conversation" if fresh else "")
         return Plan(candidates, base, float(LOAD_BLOCKS), load_factor, reason, session if use_session else None,
-                    recent=True, fresh=fresh)  # fmt: skip
+                    recent=True, fresh=fresh, rebalance=not use_session and not fresh)  # fmt: skip
     reason = LEAST_LOADED
     if policy in (SESSION, SESSION_KV_AWARE) and session is None:
         reason += ";no_session_key"

@@ -117,7 +117,7 @@ async def sessions(client):
 async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     rng = random.Random(3)
     web = Dispatched(sessions)
-    fresh = 0
+    fresh = moved = 0
     for trial in range(150):
         n = rng.randrange(1, 5)
         cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
@@ -141,6 +141,11 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             own = rng.randrange(0, 8)  # the session's own requests lately
             if own:
                 await sessions.zadd(session_recent_key(key), {f"mine{j}": 1e12 for j in range(own)})
+        own_key = None
+        if plan.session is None and plan.recent:  # a keyless conversation's own requests
+            own_key, own = f"switchyard:affinity:test-dispatched:conv{trial}", rng.randrange(0, 8)
+            if own:
+                await sessions.zadd(own_key, {f"mine{j}": 1e12 for j in range(own)})
         bindings = {c.replica_id: rng.randrange(0, 6) for c in cands}  # other sessions bound to each
         for rid, count in bindings.items():
             await sessions.delete(sessions_key(rid))
@@ -156,10 +161,13 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         bound_counts = [bindings[c.replica_id] for c in plan.candidates]
         recent = [sent[c.replica_id] for c in plan.candidates]
         fresh += plan.fresh
+        natural = min(range(len(plan.candidates)), key=lambda i: (plan.base[i], i))  # a keyless turn's home
+        home = [c.replica_id for c in plan.candidates].index(bound) if plan.session and bound in sent else natural
+        moved += plan.rebalance and routing._sent_too_many(home, recent, dispatched, math.inf, own, plan.load_factor)
         expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
                                                 recent=recent, own=own)].replica_id  # fmt: skip
-        chosen = await web.pick(f"t{trial}", plan, key, 60)
-        assert chosen.replica_id == expected, (plan, dispatched, bound)
+        chosen = await web.pick(f"t{trial}", plan, key, 60, own_key=own_key)
+        assert chosen.replica_id == expected, (plan, dispatched, bound, recent, own)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
         if key is not None:
             assert int(await sessions.get(key)) == chosen.replica_id  # bound (or rebound) to the pick
@@ -173,6 +181,7 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
             assert (await sessions.zscore(session_recent_key(key), f"t{trial}") is not None) == plan.recent
         await web.done(f"t{trial}")
     assert fresh > 5  # new keyless conversations were among the plans
+    assert moved > 3  # ... and bound sessions or continued keyless turns sent elsewhere
 
 
 def session_plan(key: str, ids=RIDS) -> routing.Plan:
@@ -273,8 +282,8 @@ async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was
     """The cache benchmark's kv_aware pile-up: one replica holds the shared system prompt (40
     blocks), so without the rule every new conversation's first turn goes there (40 blocks
     cheaper than anywhere else, all idle). With it each goes where the fewest requests went, and
-    a continued conversation's turn (its match past the shared prefix) still goes to its prefix,
-    however many requests that replica was sent."""
+    a continued conversation's turn (its match past the shared prefix) still goes to its prefix
+    unless other conversations sent that replica over its share (routing.pick's rebalancing)."""
     web = Dispatched(sessions)
     home = RIDS[0]
 
@@ -289,13 +298,21 @@ async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was
     shares = Counter(where)
     assert shares == dict.fromkeys(RIDS, 7), shares
     assert [await sessions.zcard(recent_key(r)) for r in RIDS] == [7] * 4
-    # without the shared-prefix count (shared_blocks 0) the prompt looks continued: all on home
-    for s in range(4):
+    # without the shared-prefix count (shared_blocks 0) the prompt looks continued: on home, while
+    # home is under its share of recent requests (10 of 31: a fourth would move, see routing.pick)
+    for s in range(3):
         assert (await web.pick(f"c{s}", first_turn(0), None, 60)).replica_id == home
         await web.done(f"c{s}")
-    # a continued turn: its own context (55 blocks) is only on the busiest replica; it stays there
+    # a continued turn: its own context (55 blocks) is only on the busiest replica (sent 10 of 31);
+    # it stays there while its own conversation brought much of that (moving it would carry it along)
     busiest = shares.most_common(1)[0][0]
     cands = [routing.Candidate(r, 0, 100, 55 if r == busiest else 40 * (r == home)) for r in RIDS]
     turn = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=0)
-    assert not turn.fresh and (await web.pick("turn", turn, None, 60)).replica_id == busiest
+    mine = "switchyard:affinity:test-dispatched:conversation"
+    await sessions.zadd(mine, {f"mine{j}": 1e12 for j in range(6)})
+    assert not turn.fresh and (await web.pick("turn", turn, None, 60, own_key=mine)).replica_id == busiest
     await web.done("turn")
+    # ... but leaves for the least-sent replica when other conversations brought it
+    other = "switchyard:affinity:test-dispatched:other-conversation"
+    assert (await web.pick("turn2", turn, None, 60, own_key=other)).replica_id != busiest
+    await web.done("turn2")
