@@ -216,6 +216,10 @@ async def choose(
         reason = "session_bound"
     elif plan.session is not None and bound_to is not None:
         reason += ";session_moved"  # its replica left or is over the load bound
+    elif plan.rebalance and plan.session is None:
+        home = min(range(len(plan.candidates)), key=lambda i: (plan.base[i], i))
+        if plan.candidates[home].replica_id != picked.replica_id:
+            reason += ";rebalanced"  # over the load cap, or sent over its share lately (routing.pick)
     predicted = None
     if prompt_ids:
         predicted = cached.get(picked.replica_id, 0) * block_size

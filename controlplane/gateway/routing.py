@@ -56,8 +56,10 @@ until it is shared), and a replica's recent requests are the load its running co
 bring. Fewest rather than "under ⌈c·mean⌉ and then the cheapest": a request count lags the
 conversations just placed, and the replicas holding the system prompt, cheapest by 40 blocks,
 took new conversations up to the cap while one replica got none (simulated on the benchmark's
-trace: 1.47x the mean; with the fewest, 1.12x). A continued turn is never moved by it; an
-identical prompt repeated (nothing past the shared block) follows its prefix too.
+trace: 1.47x the mean; with the fewest, 1.12x). An identical prompt repeated (nothing past the
+shared block) follows its prefix. A continued keyless turn moves under the session rule below:
+the router knows its conversation by the block it began at (`router._conversation`), so its own
+recent requests are counted as a session key's are, and `Plan.rebalance` is set for it.
 
 The policies (a cache policy's `routing`):
 - `round_robin`: the next replica in turn, whatever its load (the baseline of the benchmark).
