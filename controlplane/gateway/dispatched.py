@@ -18,7 +18,7 @@ sorted set `switchyard:replica:<id>:sessions` holds the session keys bound to th
 scored by when each binding expires (the session bound of `routing.pick`), and
 `switchyard:replica:<id>:recent` the requests a KV-aware or session policy sent it, each for
 `routing.RECENT_SECONDS` (where new conversations go, and when a bound session moves), and
-`<affinity key>:recent` a session key's own.
+`switchyard:affinity-recent:<deployment>:<key>` a session key's own.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ REFRESH_SECONDS = 10
 # anew, or a keyless turn whose cheapest replica was sent too many: the fewest recent requests
 # first; ties: most free KV blocks, then the first); adds the request to it (and to its and the
 # own recent sets) and (re)binds the session, moving it between session sets. Returns {index
-# (0-based), 1 if the binding was kept, the candidates' loads...}.
+# (0-based), 1 if the binding was kept, 1 if a continued keyless turn was sent where the fewest
+# requests went, the candidates' loads...}.
 _PICK = """
 local now = redis.call('TIME')
 now = tonumber(now[1]) + tonumber(now[2]) / 1000000
@@ -166,8 +167,10 @@ if has_affinity then
   redis.call('ZADD', KEYS[n + best], now + tonumber(ARGV[6]), KEYS[2 * n + 1])
   redis.call('EXPIRE', KEYS[n + best], ARGV[6])
 end
-local out = {best - 1, kept}
-for i = 1, n do out[i + 2] = loads[i] end
+local spread_flag = 0
+if spread and not has_affinity and recent_mode == 1 then spread_flag = 1 end
+local out = {best - 1, kept, spread_flag}
+for i = 1, n do out[i + 3] = loads[i] end
 return out
 """
 
@@ -188,6 +191,7 @@ class Pick:
     replica_id: int
     loads: list[int]  # each candidate's load as the pick saw it (before this request)
     kept_binding: bool  # the session's bound replica was chosen
+    rebalanced: bool = False  # a continued keyless turn left its replica, sent over its share lately
 
 
 def dispatched_key(replica_id: int) -> str:
@@ -206,8 +210,9 @@ def recent_key(replica_id: int) -> str:
 
 def session_recent_key(affinity_key: str) -> str:
     """The requests of one session key routed in the last `routing.RECENT_SECONDS` (its own share
-    of its replica's recent ones)."""
-    return f"{affinity_key}:recent"
+    of its replica's recent ones). A prefix of its own, not a suffix of the affinity key: a
+    session named "k:recent" must not land on session "k"'s set."""
+    return "switchyard:affinity-recent:" + affinity_key.removeprefix("switchyard:affinity:")
 
 
 class Dispatched:
@@ -244,10 +249,10 @@ class Dispatched:
                 routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS, rebalance, int(own_key is not None)]  # fmt: skip
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
-        index, kept, *loads = await self._pick(keys=keys, args=args)
+        index, kept, spread, *loads = await self._pick(keys=keys, args=args)
         chosen = plan.candidates[int(index)]
         self.open[request_id] = chosen.replica_id
-        return Pick(chosen.replica_id, [int(x) for x in loads], bool(kept))
+        return Pick(chosen.replica_id, [int(x) for x in loads], bool(kept), bool(spread))
 
     async def done(self, request_id: str) -> None:
         """The request ended (any way): it no longer counts. Safe to call more than once."""

@@ -17,6 +17,7 @@ It raises `NoReadyReplica` rather than an HTTP error; the generation turns it in
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from controlplane.deployments.models import CachePolicy, Deployment
@@ -93,20 +94,24 @@ async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: routing
                         cached: dict[int, int]) -> int | None:  # fmt: skip
     """A keyless prompt's conversation, as the block it began at, so that its requests count as
     one conversation's (a session key's stand-in for `routing.pick`'s rebalancing). A new
-    conversation begins at its first block past the longest cached prefix (registered here, for
-    the session TTL); a continued one at the deepest registered beginning its prompt holds (a
-    sub-agent forked from a parent's context counts with the parent, as under one session key)."""
+    conversation begins at its first block past the longest cached prefix (registered here for
+    the session TTL: a sorted set scored by expiry, trimmed as it is written); a continued one at
+    the deepest live beginning its prompt holds (a sub-agent forked from a parent's context
+    counts with the parent, as under one session key)."""
+    key, now = conversations_key(slug), time.time()
+    ttl = max(cfg.session_ttl, 1)
     if plan.fresh:
         start = hashes[min(max(cached.values(), default=0), len(hashes) - 1)]
         async with hub.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(conversations_key(slug), start)
-            pipe.expire(conversations_key(slug), max(cfg.session_ttl, 1))
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zadd(key, {str(start): now + ttl})
+            pipe.expire(key, ttl)
             await pipe.execute()
         return start
     if not plan.rebalance:
         return None
-    member = await hub.redis.smismember(conversations_key(slug), hashes)
-    return next((h for h, m in zip(reversed(hashes), reversed(member), strict=True) if m), None)
+    scores = await hub.redis.zmscore(key, [str(h) for h in hashes])
+    return next((h for h, sc in zip(reversed(hashes), reversed(scores), strict=True) if sc and sc > now), None)
 
 
 async def _shared_blocks(hub: ReplicaHub, cfg: Settings, slug: str, hashes: list[int], cached: dict[int, int]) -> int:
@@ -215,11 +220,9 @@ async def choose(
     if picked.kept_binding:
         reason = "session_bound"
     elif plan.session is not None and bound_to is not None:
-        reason += ";session_moved"  # its replica left or is over the load bound
-    elif plan.rebalance and plan.session is None:
-        home = min(range(len(plan.candidates)), key=lambda i: (plan.base[i], i))
-        if plan.candidates[home].replica_id != picked.replica_id:
-            reason += ";rebalanced"  # over the load cap, or sent over its share lately (routing.pick)
+        reason += ";session_moved"  # its replica left, is over the load bound or was sent too many
+    elif picked.rebalanced:
+        reason += ";rebalanced"  # a continued keyless turn, its replica sent over its share lately
     predicted = None
     if prompt_ids:
         predicted = cached.get(picked.replica_id, 0) * block_size

@@ -107,11 +107,16 @@ RIDS = [990011, 990012, 990013, 990014]
 @pytest_asyncio.fixture
 async def sessions(client):
     keys = [dispatched_key(r) for r in RIDS] + [sessions_key(r) for r in RIDS] + [recent_key(r) for r in RIDS]
-    await client.delete(*keys)
+
+    async def clear() -> None:  # before too: a run that died left its keys
+        await client.delete(*keys)
+        for pattern in ("switchyard:affinity:test-dispatched:*", "switchyard:affinity-recent:test-dispatched:*"):
+            async for key in client.scan_iter(pattern):
+                await client.delete(key)
+
+    await clear()
     yield client
-    await client.delete(*keys)
-    async for key in client.scan_iter("switchyard:affinity:test-dispatched:*"):
-        await client.delete(key)
+    await clear()
 
 
 async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
@@ -310,9 +315,49 @@ async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was
     turn = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=0)
     mine = "switchyard:affinity:test-dispatched:conversation"
     await sessions.zadd(mine, {f"mine{j}": 1e12 for j in range(6)})
-    assert not turn.fresh and (await web.pick("turn", turn, None, 60, own_key=mine)).replica_id == busiest
+    stays = await web.pick("turn", turn, None, 60, own_key=mine)
+    assert not turn.fresh and stays.replica_id == busiest and not stays.rebalanced
     await web.done("turn")
     # ... but leaves for the least-sent replica when other conversations brought it
     other = "switchyard:affinity:test-dispatched:other-conversation"
-    assert (await web.pick("turn2", turn, None, 60, own_key=other)).replica_id != busiest
+    leaves = await web.pick("turn2", turn, None, 60, own_key=other)
+    assert leaves.replica_id != busiest and leaves.rebalanced
     await web.done("turn2")
+
+
+async def test_a_session_named_like_another_sessions_recent_set_does_not_collide(sessions):
+    """Session keys are any client string: "k:recent" must not be session "k"'s recent set (a
+    string and a sorted set under one key would fail every pick of both)."""
+    web = Dispatched(sessions)
+    for name in ("clash", "clash:recent"):
+        key = f"switchyard:affinity:test-dispatched:{name}"
+        for turn in range(2):
+            picked = await web.pick(f"{name}-{turn}", session_plan(name), key, 60)
+            assert picked.replica_id in RIDS
+            await web.done(f"{name}-{turn}")
+    assert await sessions.type("switchyard:affinity:test-dispatched:clash:recent") == "string"  # a binding
+    assert await sessions.zcard(session_recent_key("switchyard:affinity:test-dispatched:clash")) == 2
+
+
+async def test_keyless_conversation_beginnings_expire_and_are_trimmed(client):
+    """router._conversation: a new keyless conversation registers the block it began at for the
+    session TTL; a later prompt holding it belongs to it; once expired it matches nothing and the
+    next registration trims it (the set does not grow with every one-shot prompt)."""
+    from types import SimpleNamespace
+
+    from controlplane.gateway.router import Settings, _conversation, conversations_key
+
+    slug, hub, cfg = "test-conversations", SimpleNamespace(redis=client), Settings(session_ttl=60)
+    await client.delete(conversations_key(slug))
+    cands = [routing.Candidate(r, 0, 100, 2 if r == RIDS[0] else 0) for r in RIDS]
+    new = routing.plan(routing.KV_AWARE, cands, prompt_blocks=4, shared_blocks=2)  # past a shared prefix
+    assert new.fresh and await _conversation(hub, cfg, slug, new, [1, 2, 3, 4], {RIDS[0]: 2}) == 3
+    held = [routing.Candidate(r, 0, 100, 4 if r == RIDS[1] else 0) for r in RIDS]
+    turn = routing.plan(routing.KV_AWARE, held, prompt_blocks=6, shared_blocks=0)
+    assert turn.rebalance and await _conversation(hub, cfg, slug, turn, [1, 2, 3, 4, 5, 6], {RIDS[1]: 4}) == 3
+    await client.zadd(conversations_key(slug), {"3": 1.0})  # its TTL passed
+    assert await _conversation(hub, cfg, slug, turn, [1, 2, 3, 4, 5, 6], {RIDS[1]: 4}) is None
+    assert await _conversation(hub, cfg, slug, new, [1, 2, 9, 4], {RIDS[0]: 2}) == 9
+    assert await client.zrange(conversations_key(slug), 0, -1) == ["9"]
+    assert 0 < await client.ttl(conversations_key(slug)) <= 60
+    await client.delete(conversations_key(slug))

@@ -47,7 +47,7 @@ class RankKV:
         try:
             if not transfer.poll():
                 return {"ended": False, "error": None}
-        except KVTransferError as exc:
+        except Exception as exc:  # KVTransferError, or the engine itself failing: over either way
             del self.writes[write_id]
             return {"ended": True, "error": str(exc)}
         del self.writes[write_id]
