@@ -1,13 +1,15 @@
 """Tensor and pipeline parallel groups (gloo on CPU) give transformers' greedy tokens and
 logprobs, with prefix-cache hits and preemption, each rank holding about its share of weights."""
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
 
 from tests.engine.test_parity import MAX_TOKENS, PROMPTS, reference
 from workers.engine import LLM, SamplingParams
-from workers.engine.errors import RequestError
+from workers.engine.parallel.config import ParallelConfig
 from workers.protocol.model_files import weight_files
 
 
@@ -56,13 +58,17 @@ def test_parallel_group_matches_transformers(checkpoint_factory, arch, overrides
         again = llm.generate({"prompt_token_ids": PROMPTS[2]}, params)[0]
         assert again.num_cached_tokens >= 40  # the prompt's full blocks, from the prefix cache
         memory = llm.engine.rank_memory()
-        # Each rank holds a shard of the cache: handing rank 0's alone to a peer is refused.
-        with pytest.raises(RequestError, match="not built yet"):
-            llm.engine.kv_layout()
+        # Each rank holds a shard of the cache: the layout a peer sees is rank 0's, placed in the
+        # group, so a decode group of another shape cannot pair with it (kvtransfer/ranks.py).
+        layout = llm.engine.kv_layout()
     for prompt, out in zip(PROMPTS, first, strict=True):
         assert_matches(model_dir, prompt, out.outputs[0])
     assert_matches(model_dir, PROMPTS[2], again.outputs[0])
 
+    assert layout | {"tp_rank": 0, "tp_size": tp, "pp_rank": 0, "pp_size": pp} == layout
+    num_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
+    start, end = ParallelConfig(tp, pp).stage_layers(num_layers)[0]
+    assert layout["num_layers"] == end - start  # rank 0 holds its stage's layers only
     assert [m["rank"] for m in memory] == list(range(tp * pp))
     share = checkpoint_bytes(model_dir) / (tp * pp)
     for m in memory:
