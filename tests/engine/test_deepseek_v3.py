@@ -5,6 +5,7 @@ and none (Kimi-style n_group = 1), a dense first layer, a shared expert, yarn ro
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from workers.engine.kv_layout import kv_layout_for
 from workers.engine.layers.moe import route
 from workers.engine.layers.rotary import cos_sin_table, inverse_frequencies, yarn_attention_factor
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.parallel.config import ParallelConfig
 
 FIXTURES = Path(__file__).resolve().parents[2] / "controlplane" / "planner" / "fixtures"
 ARCHS = ["deepseek_v3", "deepseek_v3_no_q_lora", "kimi_k2"]
@@ -232,3 +234,67 @@ def test_latent_blocks_come_back_from_the_dram_tier(checkpoint_factory):
     got = answer(prompt)
     assert got[2] == 60 and llm.engine.tier_stats()["blocks_loaded"]["dram"] == 15
     assert got[:2] == device_hit[:2]
+
+
+@pytest.mark.parametrize(
+    ("arch", "tp", "pp"),
+    [
+        ("deepseek_v3", 2, 1),  # group-limited routing, q_lora_rank
+        ("kimi_k2", 2, 2),  # no group limit; stage 0 holds the dense layer and a MoE layer
+        ("deepseek_v3_no_q_lora", 1, 2),
+    ],
+)
+def test_parallel_groups_match_transformers(checkpoint_factory, arch, tp, pp):
+    """MLA heads and routed experts split over the tensor-parallel ranks (expert parallelism),
+    layers over the stages: transformers' tokens and logprobs, with preemption and a prefix hit;
+    each rank holds exactly its share of the weights (its experts, its heads)."""
+    model_dir = checkpoint_factory(arch)
+    refs = [reference(model_dir, p) for p in PROMPTS]
+    with LLM(
+        str(model_dir), dtype="float32", block_size=4, num_kv_blocks=20,
+        tensor_parallel_size=tp, pipeline_parallel_size=pp,
+    ) as llm:  # fmt: skip
+        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
+        assert llm.engine.scheduler.num_preemptions > 0
+        again = llm.generate({"prompt_token_ids": PROMPTS[2]}, GREEDY)[0]
+        memory = llm.engine.rank_memory()
+        layout = llm.engine.kv_layout()
+    assert again.num_cached_tokens >= 40
+    for out, (tokens, logprobs) in zip(first, refs, strict=True):
+        assert_matches(out.outputs[0], tokens, logprobs)
+    assert_matches(again.outputs[0], *refs[2])
+    assert layout["kv_layout"] == "mla" and layout["tp_size"] == tp and layout["pp_size"] == pp
+    expected = expected_rank_bytes(model_dir, tp, pp)
+    assert [m["weights"] for m in memory] == expected, (memory, expected)
+
+
+# What each rank keeps whole: norms, the low-rank MLA projections, the routers. Everything else
+# (heads, experts, MLP and vocabulary rows) is split tp ways.
+_REPLICATED = re.compile(r"norm\.weight$|q_a_proj|kv_a_proj_with_mqa|mlp\.gate\.")
+
+
+def expected_rank_bytes(model_dir, tp: int, pp: int) -> list[int]:
+    """Each rank's weight bytes, from the checkpoint: its stage's tensors, the replicated ones
+    whole and the others a tp-th (so an expert held by every rank would be counted against)."""
+    from safetensors import safe_open
+
+    num_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
+    bounds = ParallelConfig(tp, pp).stage_layers(num_layers)
+    per_stage = [0] * pp
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118
+            nbytes = f.get_tensor(name).nbytes
+            share = nbytes if _REPLICATED.search(name) else nbytes // tp
+            layer = re.match(r"model\.layers\.(\d+)\.", name)
+            if layer:
+                stage = next(s for s, (a, b) in enumerate(bounds) if a <= int(layer[1]) < b)
+            else:
+                stage = 0 if "embed_tokens" in name else pp - 1
+            per_stage[stage] += share
+    return [per_stage[rank // tp] for rank in range(tp * pp)]
+
+
+def test_parallel_deepseek_refuses_shapes_that_do_not_split(checkpoint_factory):
+    model_dir = checkpoint_factory("deepseek_v3", n_routed_experts=6, n_group=2, topk_group=1)
+    with pytest.raises(RequestError, match="6 routed experts do not split over tensor_parallel_size=4"):
+        LLM(str(model_dir), dtype="float32", tensor_parallel_size=4)

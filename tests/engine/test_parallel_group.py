@@ -101,7 +101,7 @@ def config(**kw) -> ModelConfig:
         "num_key_value_heads": 2,
         "vocab_size": 320,
     }
-    arch = kw.pop("architecture", None)  # one the engine may serve, but not in parallel
+    arch = kw.pop("architecture", None)  # e.g. one added to the engine before its sharding rules
     cfg = ModelConfig.from_dict({**raw, **kw})
     return dataclasses.replace(cfg, architecture=arch) if arch else cfg
 
@@ -115,7 +115,7 @@ def config(**kw) -> ModelConfig:
         ({}, {}, {"pipeline_parallel_size": 2, "pipeline_stages": (2, 1)}, "pipeline_stages"),
         ({}, {"speculative_config": NGRAM}, {"tensor_parallel_size": 2}, "speculative decoding"),
         ({}, {"kv_tiers": {"dram_bytes": 1 << 20}}, {"pipeline_parallel_size": 2}, "KV tiers"),
-        ({"architecture": "DeepseekV3ForCausalLM"}, {}, {"tensor_parallel_size": 2}, "not built yet"),
+        ({"architecture": "Gemma3ForCausalLM"}, {}, {"tensor_parallel_size": 2}, "not built yet for Gemma3"),
         (
             {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [16, 16]}},
             {},

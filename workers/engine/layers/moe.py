@@ -42,9 +42,14 @@ def route(logits: torch.Tensor, bias: torch.Tensor, moe: MoEConfig) -> tuple[tor
 
 class _SortedExperts(nn.Module):
     """The routed computation both expert stores share: (token, expert) pairs sorted by expert,
-    one call per expert hit on its contiguous slice, weighted outputs added back to their tokens."""
+    one call per expert hit on its contiguous slice, weighted outputs added back to their tokens.
 
-    num_experts: int
+    Under expert parallelism a store holds experts [first_expert, first_expert + num_experts)
+    of the layer: it computes only the pairs routed to those and returns its partial sum (the
+    ranks' partials are summed by the caller: parallel/deepseek.py)."""
+
+    num_experts: int  # held here
+    first_expert: int = 0  # the layer-wide id of the first one held
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -53,8 +58,12 @@ class _SortedExperts(nn.Module):
         k = ids.shape[1]
         flat = ids.reshape(-1)
         order = flat.argsort(stable=True)
+        first, held = self.first_expert, self.num_experts
+        counts = torch.bincount(flat, minlength=first + held).tolist()
+        lo = sum(counts[:first])
+        counts = counts[first : first + held]
+        order = order[lo : lo + sum(counts)]  # the pairs routed to the experts held here
         tokens = order // k  # the token of each sorted (token, expert) pair
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         xs = x.index_select(0, tokens)
         out = torch.empty_like(xs)
         start = 0
@@ -69,9 +78,9 @@ class _SortedExperts(nn.Module):
 class Experts(_SortedExperts):
     """`n` dense SwiGLU experts stored stacked: gate_up [n, 2·inter, hidden], down [n, hidden, inter]."""
 
-    def __init__(self, n: int, hidden: int, inter: int):
+    def __init__(self, n: int, hidden: int, inter: int, first_expert: int = 0):
         super().__init__()
-        self.num_experts, self.inter = n, inter
+        self.num_experts, self.inter, self.first_expert = n, inter, first_expert
         self.gate_up = nn.Parameter(torch.empty(n, 2 * inter, hidden))
         self.down = nn.Parameter(torch.empty(n, hidden, inter))
 

@@ -6,9 +6,15 @@ from dataclasses import dataclass
 
 from workers.engine.errors import RequestError
 
-# The dense decoder families whose layers the parallel model shards (models/llama.py and its
-# specialisations). Others (e.g. MLA/MoE) need their own sharding rules first.
-PARALLEL_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# The families whose layers the parallel model shards: the dense Llama family (parallel/model.py)
+# and DeepSeek-V3 / Kimi K2, MLA + MoE (parallel/deepseek.py).
+PARALLEL_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "DeepseekV3ForCausalLM",
+)
 
 
 class ParallelError(RuntimeError):
@@ -79,8 +85,15 @@ class ParallelConfig:
         if model_config.num_heads % tp:
             raise RequestError(f"{model_config.num_heads} attention heads do not split over tensor_parallel_size={tp}")
         kv = model_config.num_kv_heads
-        if kv % tp and tp % kv:
+        if model_config.mla is None and kv % tp and tp % kv:  # MLA's latent cache is replicated
             raise RequestError(f"{kv} KV heads neither split over nor replicate evenly onto tensor_parallel_size={tp}")
+        moe = model_config.moe
+        if moe is not None:
+            if moe.n_routed_experts % tp:
+                raise RequestError(f"{moe.n_routed_experts} routed experts do not split over tensor_parallel_size={tp}")
+            shared = moe.moe_intermediate_size * moe.n_shared_experts
+            if shared % tp:
+                raise RequestError(f"shared-expert width {shared} does not split over tensor_parallel_size={tp}")
         if model_config.intermediate_size % tp:
             raise RequestError(
                 f"intermediate size {model_config.intermediate_size} does not split over tensor_parallel_size={tp}"

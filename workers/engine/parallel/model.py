@@ -1,7 +1,11 @@
-"""One rank's part of a Llama-family model (Llama, Mistral, Qwen2, Qwen3): the decoder layers
-of its stage with its heads and MLP slice, plus the vocab-parallel embedding (first stage) and
-LM head (last stage). Each tensor is read from the safetensors files as the slice this rank
-holds (`get_slice`): no process ever materialises a whole weight it does not keep."""
+"""One rank's part of a model: the decoder layers of its stage with its heads and MLP slice,
+plus the vocab-parallel embedding (first stage) and LM head (last stage). Each tensor is read
+from the safetensors files as the slice this rank holds (`get_slice`): no process ever
+materialises a whole weight it does not keep.
+
+`ShardedStage` holds what every family shares (embedding, head, loader); a family says where
+each checkpoint tensor goes (`_layer_placements`): `LlamaStage` here (Llama, Mistral, Qwen2,
+Qwen3), `DeepseekStage` in deepseek.py (MLA + MoE)."""
 
 from __future__ import annotations
 
@@ -43,19 +47,20 @@ def rank_config(cfg: ModelConfig, group: RankGroup) -> ModelConfig:
     )
 
 
-class StageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, group: RankGroup):
+# (parameter, index into it or None, source dim, source start, source end): where one checkpoint
+# tensor goes on this rank; `None` for start/end reads it whole.
+Placement = tuple[str, object, int, int | None, int | None]
+
+
+class ShardedStage(nn.Module):
+    """A stage's embedding (first stage), final norm and LM head (last stage), the three parts
+    the parallel runner calls, and the loader; subclasses build `self.layers` and place each
+    layer tensor (`_layer_placements`)."""
+
+    def __init__(self, cfg: ModelConfig, group: RankGroup, local: ModelConfig):
         super().__init__()
-        self.config, self.group = cfg, group
-        self.local = local = rank_config(cfg, group)
+        self.config, self.group, self.local = cfg, group, local
         self.layer_start = group.stage_bounds[group.stage][0]
-        self.layers = nn.ModuleList(
-            DecoderLayer(local, f"model.layers.{self.layer_start + i}") for i in range(local.num_layers)
-        )
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.o_proj = RowParallelLinear(attn.q_size, cfg.hidden_size, group)
-            mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
         self.embed_tokens = (
             VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group) if group.is_first_stage else None
         )
@@ -69,15 +74,15 @@ class StageModel(nn.Module):
         if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def materialize(self, device: torch.device) -> StageModel:
+    def rope_dim(self) -> int:
+        return self.config.head_dim
+
+    def materialize(self, device: torch.device) -> ShardedStage:
         model = self.to_empty(device=device)
         model._tie()
         cfg = self.config
-        model.cos_sin = cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+        model.cos_sin = cos_sin_table(self.rope_dim(), cfg.max_position_embeddings, cfg.rope).to(device)
         return model
-
-    def kv_cache_modules(self):
-        return [layer.self_attn.attn for layer in self.layers]
 
     # -- the three parts a stage runs ------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -93,32 +98,115 @@ class StageModel(nn.Module):
         return self.lm_head(self.norm(x.index_select(0, logits_indices))).float()
 
     # -- loading -----------------------------------------------------------------------------
-    def _placements(self, name: str):
-        """Where checkpoint tensor `name` goes on this rank: (parameter, dest rows or None,
-        source dim, source start, source end) or None when this rank does not hold it."""
-        cfg, g, local = self.config, self.group, self.local
-        tp, t, hd = g.tp, g.tp_rank, cfg.head_dim
-        v_start, v_held, _ = vocab_range(cfg.vocab_size, tp, t)
+    def _placements(self, name: str) -> list[Placement] | None:
+        """Where checkpoint tensor `name` goes on this rank ([] when this rank does not hold
+        it), or None when it has no place in the model at all."""
+        cfg, g = self.config, self.group
+        v_start, v_held, _ = vocab_range(cfg.vocab_size, g.tp, g.tp_rank)
+        rows = slice(0, v_held)
         if name == "model.embed_tokens.weight":
             out = []
             if self.embed_tokens is not None:
-                out.append(("embed_tokens.weight", (0, v_held), 0, v_start, v_start + v_held))
+                out.append(("embed_tokens.weight", rows, 0, v_start, v_start + v_held))
             if cfg.tie_word_embeddings and self.lm_head is not None and self.embed_tokens is None:
-                out.append(("lm_head.weight", (0, v_held), 0, v_start, v_start + v_held))
+                out.append(("lm_head.weight", rows, 0, v_start, v_start + v_held))
             return out
         if name == "lm_head.weight":
             if cfg.tie_word_embeddings or self.lm_head is None:
                 return []
-            return [("lm_head.weight", (0, v_held), 0, v_start, v_start + v_held)]
+            return [("lm_head.weight", rows, 0, v_start, v_start + v_held)]
         if name == "model.norm.weight":
             return [("norm.weight", None, 0, None, None)] if self.norm is not None else []
         if not name.startswith("model.layers."):
             return None
         index, rest = name.removeprefix("model.layers.").split(".", 1)
         i = int(index) - self.layer_start
-        if not 0 <= i < local.num_layers:
-            return []
-        prefix = f"layers.{i}."
+        if not 0 <= i < self.local.num_layers:
+            return []  # another stage's layer (or a multi-token-prediction layer past the last)
+        return self._layer_placements(int(index), f"layers.{i}.", rest)
+
+    def _layer_placements(self, index: int, prefix: str, rest: str) -> list[Placement] | None:
+        """Tensor `model.layers.<index>.<rest>` of a layer this stage holds as `<prefix>…`."""
+        raise NotImplementedError
+
+    def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
+        """What the loader fills: every parameter and persistent buffer."""
+        return dict(self.named_parameters(remove_duplicate=False)) | {
+            name: b for name, b in self.named_buffers() if name in self.state_dict()
+        }
+
+    def _after_load(self) -> None:
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepare()
+
+    @torch.no_grad()
+    def load_from(self, model_dir) -> None:
+        params = self._checkpoint_targets()
+        filled: set[int] = set()
+        for path in weight_files(model_dir):
+            try:
+                handle = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as exc:
+                raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
+            with handle as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    if "rotary_emb.inv_freq" in name:
+                        continue
+                    places = self._placements(name)
+                    if places is None or any(p[0] not in params for p in places):
+                        raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+                    for target, index, dim, a, b in places:
+                        sl = f.get_slice(name)
+                        if a is None:
+                            src = sl[:]
+                        elif dim == 0:
+                            src = sl[a:b]
+                        else:
+                            src = sl[:, a:b]
+                        dest = params[target].data
+                        if index is not None:
+                            dest = dest[index]
+                        if dest.shape != src.shape:
+                            raise ModelLoadError(
+                                f"checkpoint tensor {name!r}: slice of shape {tuple(src.shape)} does not fit "
+                                f"{target} {tuple(dest.shape)}"
+                            )
+                        dest.copy_(src)
+                        filled.add(id(params[target]))
+        missing = {n for n, p in params.items() if id(p) not in filled}
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing tensors for: {', '.join(sorted(missing)[:8])}")
+        for name, p in params.items():
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                _, held, per = vocab_range(self.config.vocab_size, self.group.tp, self.group.tp_rank)
+                if held < per:
+                    p.data[held:].zero_()  # padding rows of the last vocabulary shard
+        self._after_load()
+
+
+class LlamaStage(ShardedStage):
+    """Llama, Mistral, Qwen2, Qwen3: heads and KV heads split (KV heads replicated when there
+    are fewer than ranks), q/k/v and gate/up fused column-parallel, o_proj and down_proj
+    row-parallel."""
+
+    def __init__(self, cfg: ModelConfig, group: RankGroup):
+        super().__init__(cfg, group, rank_config(cfg, group))
+        local = self.local
+        self.layers = nn.ModuleList(
+            DecoderLayer(local, f"model.layers.{self.layer_start + i}") for i in range(local.num_layers)
+        )
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.o_proj = RowParallelLinear(attn.q_size, cfg.hidden_size, group)
+            mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
+
+    def kv_cache_modules(self):
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def _layer_placements(self, index: int, prefix: str, rest: str) -> list[Placement] | None:
+        cfg, g, local = self.config, self.group, self.local
+        tp, t, hd = g.tp, g.tp_rank, cfg.head_dim
         q_rows, kv_rows = local.num_heads * hd, local.num_kv_heads * hd
         qa, _ = head_range(cfg.num_heads, tp, t)
         ka, _ = kv_head_range(cfg.num_kv_heads, tp, t)
@@ -135,7 +223,7 @@ class StageModel(nn.Module):
         module = rest.rsplit(".", 1)[0]
         if module in column:
             target, dest, src, n = column[module]
-            return [(f"{prefix}{target}.{kind}", (dest, dest + n), 0, src, src + n)]
+            return [(f"{prefix}{target}.{kind}", slice(dest, dest + n), 0, src, src + n)]
         if module in row:
             n = row[module]
             if kind == "bias":  # added once, after the sum
@@ -143,59 +231,16 @@ class StageModel(nn.Module):
             return [(f"{prefix}{module}.weight", None, 1, t * n, (t + 1) * n)]
         return [(prefix + rest, None, 0, None, None)]  # norms: replicated
 
-    @torch.no_grad()
-    def load_from(self, model_dir) -> None:
-        params = dict(self.named_parameters(remove_duplicate=False))
-        filled: set[int] = set()
-        for path in weight_files(model_dir):
-            try:
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as exc:
-                raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
-            with handle as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                    if "rotary_emb.inv_freq" in name:
-                        continue
-                    places = self._placements(name)
-                    if places is None or any(p[0] not in params for p in places):
-                        raise ModelLoadError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
-                    for target, rows, dim, a, b in places:
-                        sl = f.get_slice(name)
-                        if a is None:
-                            src = sl[:]
-                        elif dim == 0:
-                            src = sl[a:b]
-                        else:
-                            src = sl[:, a:b]
-                        dest = params[target].data
-                        if rows is not None:
-                            dest = dest[rows[0] : rows[1]]
-                        if dest.shape != src.shape:
-                            raise ModelLoadError(
-                                f"checkpoint tensor {name!r}: slice of shape {tuple(src.shape)} does not fit "
-                                f"{target} {tuple(dest.shape)}"
-                            )
-                        dest.copy_(src)
-                        filled.add(id(params[target]))
-        missing = {n for n, p in params.items() if id(p) not in filled}
-        if missing:
-            raise ModelLoadError(f"checkpoint is missing tensors for: {', '.join(sorted(missing)[:8])}")
-        for name, p in params.items():
-            if name in ("embed_tokens.weight", "lm_head.weight"):
-                _, held, per = vocab_range(self.config.vocab_size, self.group.tp, self.group.tp_rank)
-                if held < per:
-                    p.data[held:].zero_()  # padding rows of the last vocabulary shard
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.prepare()
 
+def load_stage(model_dir, cfg: ModelConfig, group: RankGroup, dtype: torch.dtype) -> ShardedStage:
+    from workers.engine.parallel.deepseek import DeepseekStage  # it builds on this module
 
-def load_stage(model_dir, cfg: ModelConfig, group: RankGroup, dtype: torch.dtype) -> StageModel:
+    stage_class = DeepseekStage if cfg.architecture == "DeepseekV3ForCausalLM" else LlamaStage
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = StageModel(cfg, group)
+            model = stage_class(cfg, group)
     finally:
         torch.set_default_dtype(previous)
     model = model.materialize(group.device)
