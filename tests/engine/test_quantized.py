@@ -279,3 +279,38 @@ def test_loadable_formats_are_checked_at_registration(checkpoint_factory):
     check_loadable({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": fp8})
     with pytest.raises(UnsupportedQuantizationError, match="quant_method 'awq'"):
         check_loadable({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": {"quant_method": "awq"}})
+
+
+def test_int4_experts_at_tensor_parallel_generate_what_one_device_does(dirs):
+    """Kimi K2's layout at tp=2: each rank loads its routed experts whole (packed int4) and its
+    slice of the dense attention; the group gives one device's tokens and logprobs."""
+    quant, arch = MLA_CASES["kimi_int4_experts"]
+    qdir, _ = dirs("kimi_int4_experts", quant, arch)
+    _, want = generate(qdir)
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=1, ignore_eos=True)
+    with LLM(str(qdir), dtype="float32", tensor_parallel_size=2) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        ranks = llm.engine.rank_memory()
+    got = [o.outputs[0] for o in outs]
+    for a, b in zip(got, want[: len(PROMPTS)], strict=True):
+        assert a.token_ids == b.token_ids
+        diffs = [abs(a.logprobs[i][t] - b.logprobs[i][t]) for i, t in enumerate(a.token_ids)]
+        assert max(diffs) < 1e-4
+    whole = weight_bytes(LLM(str(qdir), device="cpu", dtype="float32").engine.model)
+    assert all(r["weights"] < 0.7 * whole for r in ranks), (ranks, whole)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("deepseek_fp8_16", "not built yet for model.layers.0.self_attn.q_proj"),  # every linear fp8
+        ("int4_kimi", "not built yet for model.layers.0.mlp.gate_proj"),  # a dense model's MLP
+    ],
+)
+def test_quantized_layers_a_group_would_split_are_refused(dirs, case, message):
+    from workers.engine import RequestError
+
+    quant, arch = {**CASES, **MLA_CASES}[case]
+    qdir, _ = dirs(case, quant, arch)
+    with pytest.raises(RequestError, match=message):
+        LLM(str(qdir), dtype="float32", tensor_parallel_size=2)

@@ -93,13 +93,14 @@ class ExpertLinears(_SortedExperts):
     `make(prefixes, in_features, out_features)`: the form quantized experts take, since a
     quantized layer is 2-D and keeps its checkpoint's own tensors (layers/quantized.py)."""
 
-    def __init__(self, n: int, hidden: int, inter: int, prefix: str, make):
+    def __init__(self, n: int, hidden: int, inter: int, prefix: str, make, first_expert: int = 0):
         super().__init__()
-        self.num_experts, self.inter = n, inter
+        self.num_experts, self.inter, self.first_expert = n, inter, first_expert
+        held = range(first_expert, first_expert + n)  # checkpoint names carry layer-wide ids
         self.gate_up = nn.ModuleList(
-            make((f"{prefix}.{e}.gate_proj", f"{prefix}.{e}.up_proj"), hidden, (inter, inter)) for e in range(n)
+            make((f"{prefix}.{e}.gate_proj", f"{prefix}.{e}.up_proj"), hidden, (inter, inter)) for e in held
         )
-        self.down = nn.ModuleList(make(f"{prefix}.{e}.down_proj", inter, hidden) for e in range(n))
+        self.down = nn.ModuleList(make(f"{prefix}.{e}.down_proj", inter, hidden) for e in held)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return self.down[e](kernels.silu_and_mul(self.gate_up[e](x)))

@@ -17,6 +17,28 @@ PARALLEL_ARCHITECTURES = (
 )
 
 
+def quantized_split_modules(cfg) -> list[str]:
+    """The quantized linear layers a parallel group would have to split: a packed int4 or fp8
+    block-scaled weight is not sliced per rank yet. Routed experts are not split (each rank holds
+    whole experts: parallel/deepseek.py), so Kimi K2's int4 layout (experts only) runs."""
+    quant = cfg.quantization
+    if quant is None:
+        return []
+    if cfg.moe is None:
+        names = ["lm_head"]
+        for i in range(cfg.num_layers):
+            names += [f"model.layers.{i}.self_attn.{p}_proj" for p in "qkvo"]
+            names += [f"model.layers.{i}.mlp.{p}_proj" for p in ("gate", "up", "down")]
+    else:
+        attn = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+        names = ["lm_head"]
+        for i in range(cfg.num_layers):
+            names += [f"model.layers.{i}.self_attn.{p}" for p in attn]
+            mlp = "mlp.shared_experts" if cfg.moe.is_moe_layer(i) else "mlp"
+            names += [f"model.layers.{i}.{mlp}.{p}_proj" for p in ("gate", "up", "down")]
+    return [name for name in names if quant.scheme_for(name) is not None]
+
+
 class ParallelError(RuntimeError):
     """A rank died, a collective timed out, or the group could not start: the whole group is
     torn down and the engine that raised it is unusable (a new one must be made)."""
@@ -80,8 +102,12 @@ class ParallelConfig:
                 f"tensor/pipeline parallelism is not built yet for {model_config.architecture}; "
                 f"supported: {', '.join(PARALLEL_ARCHITECTURES)}"
             )
-        if getattr(model_config, "quantization", None) is not None:
-            raise RequestError("int4 / fp8 quantized weights with tensor/pipeline parallelism are not built yet")
+        quantized = quantized_split_modules(model_config)
+        if quantized:
+            raise RequestError(
+                f"int4 / fp8 quantized weights with tensor/pipeline parallelism are not built yet for {quantized[0]} "
+                "(quantized routed experts of DeepseekV3ForCausalLM are: each rank loads its experts whole)"
+            )
         if model_config.num_heads % tp:
             raise RequestError(f"{model_config.num_heads} attention heads do not split over tensor_parallel_size={tp}")
         kv = model_config.num_kv_heads

@@ -24,13 +24,14 @@ import torch
 from torch import nn
 
 from workers.engine.config import ModelConfig
-from workers.engine.layers.moe import Experts, MoE
+from workers.engine.layers.moe import ExpertLinears, Experts, MoE
+from workers.engine.layers.quantized import make_linear
 from workers.engine.models.deepseek_v3 import MLP, DecoderLayer
 from workers.engine.parallel.group import RankGroup
 from workers.engine.parallel.layers import RowParallelLinear, head_range
 from workers.engine.parallel.model import Placement, ShardedStage, rank_config
 
-_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
 
 
 def experts_held(num_experts: int, tp: int, tp_rank: int) -> tuple[int, int]:
@@ -67,12 +68,23 @@ class DeepseekStage(ShardedStage):
                 shared = None
                 if moe.n_shared_experts:  # its down_proj's partial joins the layer's one all-reduce
                     shared = MLP(None, cfg.hidden_size, self.shared_inter, prefix + "mlp.shared_experts.")
-                held = end - self.first_expert
-                experts = Experts(held, cfg.hidden_size, moe.moe_intermediate_size, self.first_expert)
+                experts = self._experts(prefix + "mlp.experts", end - self.first_expert)
                 layer.mlp = ParallelMoE(cfg.hidden_size, moe, shared, experts, group)
             else:
                 layer.mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
             self.layers.append(layer)
+
+    def _experts(self, prefix: str, held: int) -> nn.Module:
+        """This rank's routed experts: stacked dense tensors, or a quantized layer pair each
+        (Kimi K2's int4 experts, loaded whole: ShardedStage.load_from)."""
+        cfg, inter, first = self.config, self.config.moe.moe_intermediate_size, self.first_expert
+        if cfg.quantization is None:
+            return Experts(held, cfg.hidden_size, inter, first)
+
+        def make(names, in_features, out_features):
+            return make_linear(cfg.quantization, names, in_features, out_features)
+
+        return ExpertLinears(held, cfg.hidden_size, inter, prefix, make, first)
 
     def rope_dim(self) -> int:
         return self.config.mla.qk_rope_head_dim
@@ -105,7 +117,9 @@ class DeepseekStage(ShardedStage):
         if m:
             e = int(m[1]) - self.first_expert
             if not 0 <= e < cfg.moe.n_routed_experts // g.tp:
-                return []  # another rank's expert
+                return []  # another rank's expert (a quantized one held here loads by its own name)
+            if m[3] != "weight":
+                return None
             inter = cfg.moe.moe_intermediate_size
             dest = {
                 "gate_proj": ("gate_up", (e, slice(0, inter))),

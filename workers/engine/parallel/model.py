@@ -19,6 +19,7 @@ from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.quantized import QuantizedLinear, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
@@ -131,18 +132,20 @@ class ShardedStage(nn.Module):
 
     def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """What the loader fills: every parameter and persistent buffer."""
+        persistent = set(self.state_dict())
         return dict(self.named_parameters(remove_duplicate=False)) | {
-            name: b for name, b in self.named_buffers() if name in self.state_dict()
+            name: b for name, b in self.named_buffers() if name in persistent
         }
 
     def _after_load(self) -> None:
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, QuantizedLinear)):
                 module.prepare()
 
     @torch.no_grad()
     def load_from(self, model_dir) -> None:
         params = self._checkpoint_targets()
+        quantized = quantized_tensor_layout(self)  # whole layers: the routed experts a rank holds
         filled: set[int] = set()
         for path in weight_files(model_dir):
             try:
@@ -152,6 +155,11 @@ class ShardedStage(nn.Module):
             with handle as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                     if "rotary_emb.inv_freq" in name:
+                        continue
+                    if name in quantized:
+                        layer, suffix, rows = quantized[name]
+                        layer.load_tensor(name, suffix, f.get_tensor(name), rows)
+                        filled.update(id(t) for t in layer.buffers())
                         continue
                     places = self._placements(name)
                     if places is None or any(p[0] not in params for p in places):
