@@ -18,7 +18,7 @@ from pathlib import Path
 from workers.bench.checkpoints import SMOLLM_135M_SHAPE, random_checkpoint
 from workers.bench.quant_checkpoints import fp8_config, int4_config, write_quantized
 from workers.engine import LLM, SamplingParams
-from workers.engine.layers.quantized import weight_bytes
+from workers.engine.memory import weight_bytes
 
 
 def _decode_rate(llm: LLM, tokens: int) -> float:

@@ -189,13 +189,3 @@ def quantized_tensor_layout(model: nn.Module) -> dict[str, tuple[QuantizedLinear
             for name, (suffix, rows) in module.checkpoint_tensors().items():
                 layout[name] = (module, suffix, rows)
     return layout
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes the model's weights hold in memory: its state dict, a tied weight counted once."""
-    seen, total = set(), 0
-    for t in model.state_dict().values():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
