@@ -5,6 +5,7 @@ and none (Kimi-style n_group = 1), a dense first layer, a shared expert, yarn ro
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -202,6 +203,11 @@ def test_the_multi_token_prediction_layer_is_skipped(checkpoint_factory, tmp_pat
     tokens, logprobs = reference(source, PROMPTS[0])
     out = LLM(str(target), dtype="float32").generate({"prompt_token_ids": PROMPTS[0]}, GREEDY)[0]
     assert_matches(out.outputs[0], tokens, logprobs)
+    with LLM(str(target), dtype="float32", pipeline_parallel_size=2) as llm:  # the last stage skips it too
+        out = llm.generate({"prompt_token_ids": PROMPTS[0]}, GREEDY)[0]
+        memory = llm.engine.rank_memory()
+    assert_matches(out.outputs[0], tokens, logprobs)
+    assert [m["weights"] for m in memory] == expected_rank_bytes(target, 1, 2)
 
 
 def test_mla_benchmark_reports_both_forms_and_agrees(capsys):
@@ -274,8 +280,10 @@ _REPLICATED = re.compile(r"norm\.weight$|q_a_proj|kv_a_proj_with_mqa|mlp\.gate\.
 
 
 def expected_rank_bytes(model_dir, tp: int, pp: int) -> list[int]:
-    """Each rank's weight bytes, from the checkpoint: its stage's tensors, the replicated ones
-    whole and the others a tp-th (so an expert held by every rank would be counted against)."""
+    """Each rank's weight bytes in an fp32 engine, from the checkpoint: its stage's tensors, the
+    replicated ones whole and the others a tp-th (so an expert held by every rank would be
+    counted against). Packed int4 words are int32 and scales are kept in the engine dtype: 4
+    bytes an element either way; `weight_shape` is only checked, and the MTP layer is skipped."""
     from safetensors import safe_open
 
     num_layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
@@ -283,9 +291,11 @@ def expected_rank_bytes(model_dir, tp: int, pp: int) -> list[int]:
     per_stage = [0] * pp
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
         for name in f.keys():  # noqa: SIM118
-            nbytes = f.get_tensor(name).nbytes
-            share = nbytes if _REPLICATED.search(name) else nbytes // tp
             layer = re.match(r"model\.layers\.(\d+)\.", name)
+            if name.endswith(".weight_shape") or (layer and int(layer[1]) >= num_layers):
+                continue
+            nbytes = 4 * math.prod(f.get_slice(name).get_shape())
+            share = nbytes if _REPLICATED.search(name) else nbytes // tp
             if layer:
                 stage = next(s for s, (a, b) in enumerate(bounds) if a <= int(layer[1]) < b)
             else:
@@ -294,7 +304,52 @@ def expected_rank_bytes(model_dir, tp: int, pp: int) -> list[int]:
     return [per_stage[rank // tp] for rank in range(tp * pp)]
 
 
-def test_parallel_deepseek_refuses_shapes_that_do_not_split(checkpoint_factory):
-    model_dir = checkpoint_factory("deepseek_v3", n_routed_experts=6, n_group=2, topk_group=1)
-    with pytest.raises(RequestError, match="6 routed experts do not split over tensor_parallel_size=4"):
-        LLM(str(model_dir), dtype="float32", tensor_parallel_size=4)
+@pytest.mark.parametrize(
+    ("overrides", "tp", "message"),
+    [
+        ({"n_routed_experts": 6, "n_group": 2, "topk_group": 1}, 4, "6 routed experts do not split over"),
+        ({"moe_intermediate_size": 30}, 4, "shared-expert width 30 does not split"),
+        ({"num_attention_heads": 6}, 4, "6 attention heads do not split"),
+        ({"intermediate_size": 130}, 4, "intermediate size 130 does not split"),  # the dense first layer's
+    ],
+)
+def test_parallel_deepseek_refuses_shapes_that_do_not_split(checkpoint_factory, overrides, tp, message):
+    raw = json.loads((checkpoint_factory("deepseek_v3") / "config.json").read_text())
+    with pytest.raises(RequestError, match=message):
+        ParallelConfig(tp).validate(ModelConfig.from_dict({**raw, **overrides}), EngineConfig(model="x"))
+
+
+def test_parallel_deepseek_without_dense_layers_ignores_their_width(checkpoint_factory):
+    raw = json.loads((checkpoint_factory("deepseek_v3") / "config.json").read_text())
+    # Every layer MoE: intermediate_size (130, not a multiple of 4) is never used.
+    cfg = ModelConfig.from_dict({**raw, "first_k_dense_replace": 0, "intermediate_size": 130})
+    ParallelConfig(4).validate(cfg, EngineConfig(model="x"))
+    with pytest.raises(RequestError, match="intermediate size 130"):
+        ParallelConfig(4).validate(ModelConfig.from_dict({**raw, "intermediate_size": 130}), EngineConfig(model="x"))
+
+
+@pytest.mark.parametrize(
+    "dropped",
+    [
+        r"model\.layers\.1\.mlp\.experts\.1\.up_proj\.weight",  # one expert of a stacked tensor
+        r"model\.layers\.0\.mlp\.up_proj\.weight",  # half of the fused gate_up
+        r"model\.layers\.2\.mlp\.experts\.6\..*",  # a whole expert, held by rank 1
+    ],
+)
+def test_a_rank_refuses_a_checkpoint_missing_part_of_its_share(checkpoint_factory, tmp_path, capfd, dropped):
+    """Each parameter must be written whole: a rank counts the elements it loaded."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "partial"
+    shutil.copytree(checkpoint_factory("deepseek_v3"), target)
+    tensors = load_file(str(target / "model.safetensors"))
+    kept = {n: t for n, t in tensors.items() if not re.fullmatch(dropped, n)}
+    assert len(kept) < len(tensors)
+    save_file(kept, str(target / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(RuntimeError) as failed:
+        LLM(str(target), dtype="float32", tensor_parallel_size=2)
+    # Rank 0's own error is raised; rank 1's is in its log (its exit is what rank 0 sees).
+    said = str(failed.value) + capfd.readouterr().err
+    assert "checkpoint is missing tensors for: layers." in said, said

@@ -42,16 +42,20 @@ def linear_factory(quant: QuantConfig | None):
     return linear
 
 
-def make_experts(quant: QuantConfig | None, n: int, hidden: int, inter: int, prefix: str) -> nn.Module:
-    """A layer's routed experts: stacked dense tensors, or quantized layers per expert when the
-    config quantizes them (Kimi K2's int4 experts, DeepSeek-V3's fp8)."""
-    modules = [f"{prefix}.{e}.{part}" for e in range(n) for part in ("gate_proj", "up_proj", "down_proj")]
+def make_experts(
+    quant: QuantConfig | None, n: int, hidden: int, inter: int, prefix: str, first_expert: int = 0
+) -> nn.Module:
+    """A layer's routed experts [first_expert, first_expert + n) (all of them on one device, a
+    rank's share under expert parallelism): stacked dense tensors, or quantized layers per
+    expert when the config quantizes them (Kimi K2's int4 experts, DeepSeek-V3's fp8)."""
+    held = range(first_expert, first_expert + n)
+    modules = [f"{prefix}.{e}.{part}" for e in held for part in ("gate_proj", "up_proj", "down_proj")]
     schemes = {quant.scheme_for(m) for m in modules} if quant is not None else {None}
     if schemes == {None}:
-        return Experts(n, hidden, inter)
+        return Experts(n, hidden, inter, first_expert)
     if None in schemes:
         raise ModelLoadError(f"quantization_config leaves some of {prefix}'s experts dense: not built")
-    return ExpertLinears(n, hidden, inter, prefix, lambda names, i, o: make_linear(quant, names, i, o))
+    return ExpertLinears(n, hidden, inter, prefix, lambda names, i, o: make_linear(quant, names, i, o), first_expert)
 
 
 class MLP(nn.Module):
@@ -68,7 +72,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int):
+    def __init__(self, cfg: ModelConfig, index: int, mlp: nn.Module | None = None):
+        """`mlp`: the layer's MLP or MoE when the caller builds it (a rank's share of it:
+        parallel/deepseek.py); None builds the whole one."""
         super().__init__()
         prefix = f"model.layers.{index}."
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -76,7 +82,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = MLAttention(cfg, linear_factory(quant), prefix + "self_attn.")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         moe = cfg.moe
-        if moe.is_moe_layer(index):
+        if mlp is not None:
+            self.mlp = mlp
+        elif moe.is_moe_layer(index):
             shared = None
             if moe.n_shared_experts:
                 inter = moe.moe_intermediate_size * moe.n_shared_experts

@@ -17,25 +17,26 @@ PARALLEL_ARCHITECTURES = (
 )
 
 
-def quantized_split_modules(cfg) -> list[str]:
-    """The quantized linear layers a parallel group would have to split: a packed int4 or fp8
-    block-scaled weight is not sliced per rank yet. Routed experts are not split (each rank holds
-    whole experts: parallel/deepseek.py), so Kimi K2's int4 layout (experts only) runs."""
+def quantized_non_expert_layers(cfg) -> list[str]:
+    """The quantized linear layers other than routed experts. A parallel group runs quantized
+    weights only as routed experts, which each rank loads whole (parallel/deepseek.py): the
+    stage model builds every other layer dense (or row/column-parallel), and slicing a packed
+    int4 or fp8 block-scaled matrix per rank is not built. Kimi K2's int4 layout (experts only)
+    therefore runs; DeepSeek-V3's fp8 (every linear layer) does not."""
     quant = cfg.quantization
     if quant is None:
         return []
-    if cfg.moe is None:
-        names = ["lm_head"]
-        for i in range(cfg.num_layers):
-            names += [f"model.layers.{i}.self_attn.{p}_proj" for p in "qkvo"]
-            names += [f"model.layers.{i}.mlp.{p}_proj" for p in ("gate", "up", "down")]
-    else:
-        attn = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
-        names = ["lm_head"]
-        for i in range(cfg.num_layers):
-            names += [f"model.layers.{i}.self_attn.{p}" for p in attn]
-            mlp = "mlp.shared_experts" if cfg.moe.is_moe_layer(i) else "mlp"
-            names += [f"model.layers.{i}.{mlp}.{p}_proj" for p in ("gate", "up", "down")]
+    names = ["lm_head"]
+    for i in range(cfg.num_layers):
+        layer = f"model.layers.{i}."
+        if cfg.moe is None:
+            attn = [f"{p}_proj" for p in "qkvo"]
+            mlp = "mlp."
+        else:
+            attn = ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+            mlp = "mlp.shared_experts." if cfg.moe.is_moe_layer(i) else "mlp."
+        names += [f"{layer}self_attn.{p}" for p in attn]
+        names += [f"{layer}{mlp}{p}_proj" for p in ("gate", "up", "down")]
     return [name for name in names if quant.scheme_for(name) is not None]
 
 
@@ -102,11 +103,11 @@ class ParallelConfig:
                 f"tensor/pipeline parallelism is not built yet for {model_config.architecture}; "
                 f"supported: {', '.join(PARALLEL_ARCHITECTURES)}"
             )
-        quantized = quantized_split_modules(model_config)
+        quantized = quantized_non_expert_layers(model_config)
         if quantized:
             raise RequestError(
-                f"int4 / fp8 quantized weights with tensor/pipeline parallelism are not built yet for {quantized[0]} "
-                "(quantized routed experts of DeepseekV3ForCausalLM are: each rank loads its experts whole)"
+                f"int4 / fp8 quantized weights with tensor/pipeline parallelism are not built yet for {quantized[0]}; "
+                "only DeepseekV3ForCausalLM's quantized routed experts are (each rank loads its experts whole)"
             )
         if model_config.num_heads % tp:
             raise RequestError(f"{model_config.num_heads} attention heads do not split over tensor_parallel_size={tp}")
@@ -120,7 +121,8 @@ class ParallelConfig:
             shared = moe.moe_intermediate_size * moe.n_shared_experts
             if shared % tp:
                 raise RequestError(f"shared-expert width {shared} does not split over tensor_parallel_size={tp}")
-        if model_config.intermediate_size % tp:
+        dense_layers = moe is None or any(not moe.is_moe_layer(i) for i in range(model_config.num_layers))
+        if dense_layers and model_config.intermediate_size % tp:
             raise RequestError(
                 f"intermediate size {model_config.intermediate_size} does not split over tensor_parallel_size={tp}"
             )

@@ -24,26 +24,20 @@ import torch
 from torch import nn
 
 from workers.engine.config import ModelConfig
-from workers.engine.layers.moe import ExpertLinears, Experts, MoE
-from workers.engine.layers.quantized import make_linear
-from workers.engine.models.deepseek_v3 import MLP, DecoderLayer
+from workers.engine.layers.moe import MoE
+from workers.engine.models.deepseek_v3 import MLP, DecoderLayer, make_experts
 from workers.engine.parallel.group import RankGroup
 from workers.engine.parallel.layers import RowParallelLinear, head_range
-from workers.engine.parallel.model import Placement, ShardedStage, rank_config
+from workers.engine.parallel.model import Placement, ShardedStage, rank_config, swiglu_placements
 
-_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)$")
-
-
-def experts_held(num_experts: int, tp: int, tp_rank: int) -> tuple[int, int]:
-    """[first, end) of the routed experts rank `tp_rank` holds."""
-    return head_range(num_experts, tp, tp_rank)
+_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(\w+)")
 
 
 class ParallelMoE(MoE):
     """The routed experts this rank holds plus its slice of the shared experts; the partial
     outputs of the stage's ranks are summed by one all-reduce."""
 
-    def __init__(self, hidden: int, moe, shared: nn.Module | None, experts: Experts, group: RankGroup):
+    def __init__(self, hidden: int, moe, shared: nn.Module | None, experts: nn.Module, group: RankGroup):
         super().__init__(hidden, moe, shared, experts)
         self.group = group
 
@@ -52,39 +46,34 @@ class ParallelMoE(MoE):
 
 
 class DeepseekStage(ShardedStage):
+    """A rank's layers of DeepseekV3ForCausalLM: its MLA heads, its routed experts
+    [first_expert, end_expert), its slice of the shared experts and of the dense layers' MLP."""
+
     def __init__(self, cfg: ModelConfig, group: RankGroup):
         super().__init__(cfg, group, rank_config(cfg, group))
-        local, moe, tp = self.local, cfg.moe, group.tp
+        local, moe, tp, quant = self.local, cfg.moe, group.tp, cfg.quantization
         self.shared_inter = moe.moe_intermediate_size * moe.n_shared_experts // tp
-        self.first_expert, end = experts_held(moe.n_routed_experts, tp, group.tp_rank)
+        self.first_expert, self.end_expert = head_range(moe.n_routed_experts, tp, group.tp_rank)
         self.layers = nn.ModuleList()
         for i in range(local.num_layers):
             index = self.layer_start + i
-            prefix = f"model.layers.{index}."
-            layer = DecoderLayer(local, index)  # heads and the dense MLP at this rank's width
-            attn = layer.self_attn
-            attn.o_proj = RowParallelLinear(local.num_heads * attn.v_dim, cfg.hidden_size, group)
+            prefix = f"model.layers.{index}.mlp."
             if moe.is_moe_layer(index):
                 shared = None
                 if moe.n_shared_experts:  # its down_proj's partial joins the layer's one all-reduce
-                    shared = MLP(None, cfg.hidden_size, self.shared_inter, prefix + "mlp.shared_experts.")
-                experts = self._experts(prefix + "mlp.experts", end - self.first_expert)
-                layer.mlp = ParallelMoE(cfg.hidden_size, moe, shared, experts, group)
+                    shared = MLP(quant, cfg.hidden_size, self.shared_inter, prefix + "shared_experts.")
+                held = self.end_expert - self.first_expert
+                experts = make_experts(
+                    quant, held, cfg.hidden_size, moe.moe_intermediate_size, prefix + "experts", self.first_expert
+                )
+                mlp = ParallelMoE(cfg.hidden_size, moe, shared, experts, group)
             else:
-                layer.mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
+                mlp = MLP(quant, cfg.hidden_size, local.intermediate_size, prefix)
+                mlp.down_proj = RowParallelLinear(local.intermediate_size, cfg.hidden_size, group)
+            layer = DecoderLayer(local, index, mlp)  # MLA at this rank's heads
+            attn = layer.self_attn
+            attn.o_proj = RowParallelLinear(local.num_heads * attn.v_dim, cfg.hidden_size, group)
             self.layers.append(layer)
-
-    def _experts(self, prefix: str, held: int) -> nn.Module:
-        """This rank's routed experts: stacked dense tensors, or a quantized layer pair each
-        (Kimi K2's int4 experts, loaded whole: ShardedStage.load_from)."""
-        cfg, inter, first = self.config, self.config.moe.moe_intermediate_size, self.first_expert
-        if cfg.quantization is None:
-            return Experts(held, cfg.hidden_size, inter, first)
-
-        def make(names, in_features, out_features):
-            return make_linear(cfg.quantization, names, in_features, out_features)
-
-        return ExpertLinears(held, cfg.hidden_size, inter, prefix, make, first)
 
     def rope_dim(self) -> int:
         return self.config.mla.qk_rope_head_dim
@@ -98,10 +87,9 @@ class DeepseekStage(ShardedStage):
     def kv_cache_modules(self):
         return [layer.self_attn for layer in self.layers]
 
-    def _layer_placements(self, index: int, prefix: str, rest: str) -> list[Placement] | None:
-        cfg, g, local = self.config, self.group, self.local
-        t, heads, mla = g.tp_rank, local.num_heads, cfg.mla
-        qk, v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+    def _layer_placements(self, prefix: str, rest: str) -> list[Placement] | None:
+        cfg, t, local, mla = self.config, self.group.tp_rank, self.local, self.config.mla
+        heads, qk, v = local.num_heads, mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
         per_head_rows = {
             "self_attn.q_proj.weight": qk,
             "self_attn.q_b_proj.weight": qk,
@@ -113,31 +101,30 @@ class DeepseekStage(ShardedStage):
         if rest == "self_attn.o_proj.weight":
             n = heads * v
             return [(prefix + rest, None, 1, t * n, (t + 1) * n)]
-        m = _EXPERT.match(rest)
+        m = _EXPERT.fullmatch(rest)
         if m:
-            e = int(m[1]) - self.first_expert
-            if not 0 <= e < cfg.moe.n_routed_experts // g.tp:
+            expert = int(m[1])
+            if expert >= cfg.moe.n_routed_experts:
+                return None
+            if not self.first_expert <= expert < self.end_expert:
                 return []  # another rank's expert (a quantized one held here loads by its own name)
             if m[3] != "weight":
                 return None
-            inter = cfg.moe.moe_intermediate_size
-            dest = {
+            e, inter = expert - self.first_expert, cfg.moe.moe_intermediate_size
+            target, index = {
                 "gate_proj": ("gate_up", (e, slice(0, inter))),
                 "up_proj": ("gate_up", (e, slice(inter, 2 * inter))),
                 "down_proj": ("down", e),
             }[m[2]]
-            return [(f"{prefix}mlp.experts.{dest[0]}", dest[1], 0, None, None)]
+            return [(f"{prefix}mlp.experts.{target}", index, 0, None, None)]
         if rest == "mlp.gate.weight":
             return [(prefix + "mlp.gate_weight", None, 0, None, None)]
         if rest == "mlp.gate.e_score_correction_bias":
             return [(prefix + "mlp.e_score_correction_bias", None, 0, None, None)]
-        mlp = re.fullmatch(r"(mlp\.(?:shared_experts\.)?)(gate_proj|up_proj|down_proj)\.weight", rest)
-        if mlp:
-            inter = self.shared_inter if "shared_experts" in mlp[1] else local.intermediate_size
-            if mlp[2] == "down_proj":
-                return [(prefix + rest, None, 1, t * inter, (t + 1) * inter)]
-            dest = slice(0, inter) if mlp[2] == "gate_proj" else slice(inter, 2 * inter)
-            return [(f"{prefix}{mlp[1]}gate_up_proj.weight", dest, 0, t * inter, (t + 1) * inter)]
+        widths = {"mlp.": local.intermediate_size, "mlp.shared_experts.": self.shared_inter}
+        mlp = swiglu_placements(prefix, rest, t, widths)
+        if mlp is not None:
+            return mlp
         return [(prefix + rest, None, 0, None, None)]  # norms and the low-rank projections: replicated
 
     def _after_load(self) -> None:

@@ -142,8 +142,9 @@ class ParallelGroup:
         try:
             self.state = build_rank(engine, cfg, parallel, 0, port, dtype)
         except Exception as exc:
+            dead = self._dead()  # before close kills the rest: a rank that died first is the cause
             self.close(kill=True)
-            raise ParallelError(f"the parallel group did not start: {self._dead() or exc}") from exc
+            raise ParallelError(f"the parallel group did not start: {dead or exc}") from exc
 
     @property
     def runner(self) -> ParallelRunner:

@@ -10,6 +10,7 @@ Qwen3), `DeepseekStage` in deepseek.py (MLA + MoE)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from safetensors import safe_open
@@ -51,6 +52,27 @@ def rank_config(cfg: ModelConfig, group: RankGroup) -> ModelConfig:
 # (parameter, index into it or None, source dim, source start, source end): where one checkpoint
 # tensor goes on this rank; `None` for start/end reads it whole.
 Placement = tuple[str, object, int, int | None, int | None]
+
+
+_SWIGLU = re.compile(r"(mlp\.(?:shared_experts\.)?)(gate|up|down)_proj\.(weight|bias)")
+
+
+def swiglu_placements(prefix: str, rest: str, tp_rank: int, widths: dict[str, int]) -> list[Placement] | None:
+    """A SwiGLU MLP's tensor `rest` (e.g. "mlp.up_proj.weight"), or None if it is not one: gate
+    and up go fused column-parallel (rank t's rows [t·w, (t+1)·w) of each into gate_up_proj),
+    down row-parallel (its columns; a bias is added once, after the sum). `widths`: each MLP's
+    per-rank width by its module path ("mlp.", "mlp.shared_experts.")."""
+    m = _SWIGLU.fullmatch(rest)
+    if m is None or m[1] not in widths:
+        return None
+    mlp, part, kind = m.groups()
+    w, t = widths[mlp], tp_rank
+    if part == "down":
+        if kind == "bias":
+            return [(prefix + rest, None, 0, None, None)]
+        return [(prefix + rest, None, 1, t * w, (t + 1) * w)]
+    dest = slice(0, w) if part == "gate" else slice(w, 2 * w)
+    return [(f"{prefix}{mlp}gate_up_proj.{kind}", dest, 0, t * w, (t + 1) * w)]
 
 
 class ShardedStage(nn.Module):
@@ -124,10 +146,10 @@ class ShardedStage(nn.Module):
         i = int(index) - self.layer_start
         if not 0 <= i < self.local.num_layers:
             return []  # another stage's layer (or a multi-token-prediction layer past the last)
-        return self._layer_placements(int(index), f"layers.{i}.", rest)
+        return self._layer_placements(f"layers.{i}.", rest)
 
-    def _layer_placements(self, index: int, prefix: str, rest: str) -> list[Placement] | None:
-        """Tensor `model.layers.<index>.<rest>` of a layer this stage holds as `<prefix>…`."""
+    def _layer_placements(self, prefix: str, rest: str) -> list[Placement] | None:
+        """Tensor `model.layers.<i>.<rest>` of a layer this stage holds as `<prefix><rest>`."""
         raise NotImplementedError
 
     def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
@@ -144,9 +166,14 @@ class ShardedStage(nn.Module):
 
     @torch.no_grad()
     def load_from(self, model_dir) -> None:
+        """Every tensor this rank holds from the checkpoint, or a ModelLoadError naming what is
+        missing: each parameter must be written whole (counted in elements, so one expert or one
+        of gate/up cannot pass for the stacked tensor) and each quantized layer's every tensor."""
         params = self._checkpoint_targets()
         quantized = quantized_tensor_layout(self)  # whole layers: the routed experts a rank holds
-        filled: set[int] = set()
+        in_quantized = {id(t) for layer, _, _ in quantized.values() for t in layer.buffers()}
+        written: dict[int, int] = {}  # id(parameter) → elements written
+        loaded: set[str] = set()  # quantized tensors read
         for path in weight_files(model_dir):
             try:
                 handle = safe_open(str(path), framework="pt", device="cpu")
@@ -159,7 +186,7 @@ class ShardedStage(nn.Module):
                     if name in quantized:
                         layer, suffix, rows = quantized[name]
                         layer.load_tensor(name, suffix, f.get_tensor(name), rows)
-                        filled.update(id(t) for t in layer.buffers())
+                        loaded.add(name)
                         continue
                     places = self._placements(name)
                     if places is None or any(p[0] not in params for p in places):
@@ -181,15 +208,21 @@ class ShardedStage(nn.Module):
                                 f"{target} {tuple(dest.shape)}"
                             )
                         dest.copy_(src)
-                        filled.add(id(params[target]))
-        missing = {n for n, p in params.items() if id(p) not in filled}
-        if missing:
-            raise ModelLoadError(f"checkpoint is missing tensors for: {', '.join(sorted(missing)[:8])}")
+                        key = id(params[target])
+                        written[key] = written.get(key, 0) + dest.numel()
+        _, held, per = vocab_range(self.config.vocab_size, self.group.tp, self.group.tp_rank)
+        missing = sorted(set(quantized) - loaded)
         for name, p in params.items():
-            if name in ("embed_tokens.weight", "lm_head.weight"):
-                _, held, per = vocab_range(self.config.vocab_size, self.group.tp, self.group.tp_rank)
-                if held < per:
-                    p.data[held:].zero_()  # padding rows of the last vocabulary shard
+            if id(p) in in_quantized:
+                continue
+            vocab = name in ("embed_tokens.weight", "lm_head.weight")
+            whole = held * p.shape[1] if vocab else p.numel()  # the last vocabulary shard is padded
+            if written.get(id(p), 0) < whole:
+                missing.append(name)
+            if vocab and held < per:
+                p.data[held:].zero_()
+        if missing:
+            raise ModelLoadError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}")
         self._after_load()
 
 
@@ -212,31 +245,29 @@ class LlamaStage(ShardedStage):
     def kv_cache_modules(self):
         return [layer.self_attn.attn for layer in self.layers]
 
-    def _layer_placements(self, index: int, prefix: str, rest: str) -> list[Placement] | None:
+    def _layer_placements(self, prefix: str, rest: str) -> list[Placement] | None:
         cfg, g, local = self.config, self.group, self.local
         tp, t, hd = g.tp, g.tp_rank, cfg.head_dim
         q_rows, kv_rows = local.num_heads * hd, local.num_kv_heads * hd
         qa, _ = head_range(cfg.num_heads, tp, t)
         ka, _ = kv_head_range(cfg.num_kv_heads, tp, t)
-        inter = local.intermediate_size
+        mlp = swiglu_placements(prefix, rest, t, {"mlp.": local.intermediate_size})
+        if mlp is not None:
+            return mlp
         kind = rest.rsplit(".", 1)[-1]  # weight | bias
         column = {
-            "self_attn.q_proj": ("self_attn.qkv_proj", 0, qa * hd, q_rows),
-            "self_attn.k_proj": ("self_attn.qkv_proj", q_rows, ka * hd, kv_rows),
-            "self_attn.v_proj": ("self_attn.qkv_proj", q_rows + kv_rows, ka * hd, kv_rows),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0, t * inter, inter),
-            "mlp.up_proj": ("mlp.gate_up_proj", inter, t * inter, inter),
+            "self_attn.q_proj": (0, qa * hd, q_rows),
+            "self_attn.k_proj": (q_rows, ka * hd, kv_rows),
+            "self_attn.v_proj": (q_rows + kv_rows, ka * hd, kv_rows),
         }
-        row = {"self_attn.o_proj": q_rows, "mlp.down_proj": inter}
         module = rest.rsplit(".", 1)[0]
         if module in column:
-            target, dest, src, n = column[module]
-            return [(f"{prefix}{target}.{kind}", slice(dest, dest + n), 0, src, src + n)]
-        if module in row:
-            n = row[module]
+            dest, src, n = column[module]
+            return [(f"{prefix}self_attn.qkv_proj.{kind}", slice(dest, dest + n), 0, src, src + n)]
+        if module == "self_attn.o_proj":
             if kind == "bias":  # added once, after the sum
-                return [(f"{prefix}{module}.bias", None, 0, None, None)]
-            return [(f"{prefix}{module}.weight", None, 1, t * n, (t + 1) * n)]
+                return [(prefix + rest, None, 0, None, None)]
+            return [(prefix + rest, None, 1, t * q_rows, (t + 1) * q_rows)]
         return [(prefix + rest, None, 0, None, None)]  # norms: replicated
 
 
