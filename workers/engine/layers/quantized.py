@@ -180,6 +180,14 @@ def make_linear(
     return Fp8BlockLinear(prefixes, in_features, sizes, bias, scheme.block)
 
 
+def prepare_linears(model: nn.Module) -> None:
+    """After loading: every linear layer's `prepare` (dense: the CPU's transposed copy,
+    layers/linear.py; quantized: nothing yet), the step every model's loader ends with."""
+    for module in model.modules():
+        if isinstance(module, (Linear, QuantizedLinear)):
+            module.prepare()
+
+
 def quantized_tensor_layout(model: nn.Module) -> dict[str, tuple[QuantizedLinear, str, tuple[int, int]]]:
     """Every checkpoint tensor the model's quantized layers expect → (layer, suffix, rows), for
     a model's `load_weights`."""

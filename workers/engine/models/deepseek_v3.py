@@ -23,11 +23,10 @@ from workers.engine import kernels
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata
-from workers.engine.layers.linear import Linear
 from workers.engine.layers.mla import MLAttention
 from workers.engine.layers.moe import ExpertLinears, Experts, MoE
 from workers.engine.layers.norm import RMSNorm
-from workers.engine.layers.quantized import QuantizedLinear, make_linear, quantized_tensor_layout
+from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 from workers.protocol.quantization import QuantConfig
 
@@ -56,6 +55,14 @@ def make_experts(
     if None in schemes:
         raise ModelLoadError(f"quantization_config leaves some of {prefix}'s experts dense: not built")
     return ExpertLinears(n, hidden, inter, prefix, lambda names, i, o: make_linear(quant, names, i, o), first_expert)
+
+
+def expert_slot(part: str, inter: int) -> tuple[str, slice | None]:
+    """Where one expert's checkpoint `part` (gate_proj, up_proj, down_proj) goes in the stacked
+    store (`Experts`): its tensor and, within that expert's row, the rows it fills."""
+    if part == "down_proj":
+        return "down", None
+    return "gate_up", slice(0, inter) if part == "gate_proj" else slice(inter, 2 * inter)
 
 
 class MLP(nn.Module):
@@ -161,19 +168,17 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     def _destination(self, name: str, params: dict) -> torch.Tensor | None:
         """Where checkpoint tensor `name` goes (a view of one of our parameters), or None."""
-        inter = None
         m = _EXPERT.match(name)
         if m:
             experts = params.get(f"{m[1]}.gate_up")
             if experts is None:
                 return None
-            e, part = int(m[2]), m[3]
+            e = int(m[2])
             if e >= experts.shape[0]:
                 return None
-            if part == "down_proj":
-                return params[f"{m[1]}.down"].data[e]
-            inter = experts.shape[1] // 2
-            return experts.data[e, :inter] if part == "gate_proj" else experts.data[e, inter:]
+            target, rows = expert_slot(m[3], experts.shape[1] // 2)
+            dest = params[f"{m[1]}.{target}"].data[e]
+            return dest if rows is None else dest[rows]
         if name.endswith(".mlp.gate.weight"):
             return self._param(params, name.replace(".gate.weight", ".gate_weight"))
         if name.endswith(".mlp.gate.e_score_correction_bias"):
@@ -244,8 +249,6 @@ class DeepseekV3ForCausalLM(nn.Module):
             missing.discard(name)
         if missing:
             raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
-        for module in self.modules():
-            if isinstance(module, (Linear, QuantizedLinear)):
-                module.prepare()
+        prepare_linears(self)
         for attn in self.kv_cache_modules():
             attn.prepare()

@@ -20,7 +20,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata, PagedAttention
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
-from workers.engine.layers.quantized import QuantizedLinear, make_linear, quantized_tensor_layout
+from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 
 
@@ -212,6 +212,4 @@ class LlamaForCausalLM(nn.Module):
             missing.discard(name)
         if missing:
             raise ModelLoadError(f"checkpoint is missing tensors: {', '.join(sorted(missing)[:8])}")
-        for module in self.modules():
-            if isinstance(module, (Linear, QuantizedLinear)):
-                module.prepare()
+        prepare_linears(self)

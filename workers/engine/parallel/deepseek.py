@@ -25,7 +25,7 @@ from torch import nn
 
 from workers.engine.config import ModelConfig
 from workers.engine.layers.moe import MoE
-from workers.engine.models.deepseek_v3 import MLP, DecoderLayer, make_experts
+from workers.engine.models.deepseek_v3 import MLP, DecoderLayer, expert_slot, make_experts
 from workers.engine.parallel.group import RankGroup
 from workers.engine.parallel.layers import RowParallelLinear, head_range
 from workers.engine.parallel.model import Placement, ShardedStage, rank_config, swiglu_placements
@@ -110,13 +110,9 @@ class DeepseekStage(ShardedStage):
                 return []  # another rank's expert (a quantized one held here loads by its own name)
             if m[3] != "weight":
                 return None
-            e, inter = expert - self.first_expert, cfg.moe.moe_intermediate_size
-            target, index = {
-                "gate_proj": ("gate_up", (e, slice(0, inter))),
-                "up_proj": ("gate_up", (e, slice(inter, 2 * inter))),
-                "down_proj": ("down", e),
-            }[m[2]]
-            return [(f"{prefix}mlp.experts.{target}", index, 0, None, None)]
+            e = expert - self.first_expert
+            target, rows = expert_slot(m[2], cfg.moe.moe_intermediate_size)
+            return [(f"{prefix}mlp.experts.{target}", e if rows is None else (e, rows), 0, None, None)]
         if rest == "mlp.gate.weight":
             return [(prefix + "mlp.gate_weight", None, 0, None, None)]
         if rest == "mlp.gate.e_score_correction_bias":

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.engine.config import EngineConfig, ModelConfig
+from workers.engine.config import MLA_ARCHITECTURES, EngineConfig, ModelConfig
 from workers.engine.memory import rank_memory
 from workers.engine.model_runner import kv_bytes_per_block, num_kv_blocks
 from workers.engine.parallel import group as pgroup
 from workers.engine.parallel.config import ParallelConfig, ParallelError
-from workers.engine.parallel.model import load_stage
+from workers.engine.parallel.deepseek import DeepseekStage
+from workers.engine.parallel.model import LlamaStage
 from workers.engine.parallel.runner import ParallelRunner
 from workers.kvtransfer import ranks as kv_ranks
 
@@ -77,7 +78,8 @@ def build_rank(
         torch.cuda.set_device(device)
     group = pgroup.join(parallel, rank, "127.0.0.1", port, device)
     group.stage_bounds = parallel.stage_layers(cfg.num_layers)
-    model = load_stage(engine.model, cfg, group, dtype)
+    stage = DeepseekStage if cfg.architecture in MLA_ARCHITECTURES else LlamaStage  # MLA + MoE, or dense
+    model = stage.load(engine.model, cfg, group, dtype)
     if engine.num_kv_blocks:
         blocks = engine.num_kv_blocks
     else:

@@ -18,9 +18,8 @@ from torch import nn
 
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
-from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
-from workers.engine.layers.quantized import QuantizedLinear, quantized_tensor_layout
+from workers.engine.layers.quantized import prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
@@ -97,6 +96,20 @@ class ShardedStage(nn.Module):
         if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @classmethod
+    def load(cls, model_dir, cfg: ModelConfig, group: RankGroup, dtype: torch.dtype) -> ShardedStage:
+        """This rank's stage: built on the meta device, given storage, filled from the files."""
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device("meta"):
+                model = cls(cfg, group)
+        finally:
+            torch.set_default_dtype(previous)
+        model = model.materialize(group.device)
+        model.load_from(model_dir)
+        return model.eval()
+
     def rope_dim(self) -> int:
         return self.config.head_dim
 
@@ -160,9 +173,7 @@ class ShardedStage(nn.Module):
         }
 
     def _after_load(self) -> None:
-        for module in self.modules():
-            if isinstance(module, (Linear, QuantizedLinear)):
-                module.prepare()
+        prepare_linears(self)
 
     @torch.no_grad()
     def load_from(self, model_dir) -> None:
@@ -269,19 +280,3 @@ class LlamaStage(ShardedStage):
                 return [(prefix + rest, None, 0, None, None)]
             return [(prefix + rest, None, 1, t * q_rows, (t + 1) * q_rows)]
         return [(prefix + rest, None, 0, None, None)]  # norms: replicated
-
-
-def load_stage(model_dir, cfg: ModelConfig, group: RankGroup, dtype: torch.dtype) -> ShardedStage:
-    from workers.engine.parallel.deepseek import DeepseekStage  # it builds on this module
-
-    stage_class = DeepseekStage if cfg.architecture == "DeepseekV3ForCausalLM" else LlamaStage
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = stage_class(cfg, group)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.materialize(group.device)
-    model.load_from(model_dir)
-    return model.eval()

@@ -41,6 +41,7 @@ from workers.engine.config import RopeConfig, rope_from
 from workers.engine.errors import ModelLoadError
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
+from workers.engine.layers.quantized import prepare_linears
 from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.sequence import Sequence
 from workers.engine.spec.drafter import Drafter
@@ -183,9 +184,7 @@ def load_eagle3(
     head = Eagle3Head(spec, rope_from(raw), target_embed)
     head.load_weights(dict(iter_tensors(draft_dir)))
     head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
-    for module in head.modules():
-        if isinstance(module, Linear):
-            module.prepare()
+    prepare_linears(head)
     return head.eval()
 
 
