@@ -20,6 +20,7 @@ from workers.engine.kernels.paged_attention import (
     paged_prefill_ref,
     paged_prefill_triton,
     plan_decode,
+    plan_prefill,
 )
 from workers.engine.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from workers.engine.kernels.rotary import apply_rotary_ref, apply_rotary_triton
@@ -59,9 +60,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale, plan=No
     return fn(q, k_cache, v_cache, block_tables, context_lens, scale, plan)
 
 
-def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale):
+def paged_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale, plan=None):
     fn = paged_prefill_triton if use_triton(q) else paged_prefill_ref
-    return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale)
+    return fn(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale, plan)
 
 
 def mla_decode(q, cache, block_tables, context_lens, kv_lora_rank, scale, plan=None):
@@ -89,6 +90,7 @@ __all__ = [
     "paged_decode",
     "paged_prefill",
     "plan_decode",
+    "plan_prefill",
     "quant_matmul",
     "rms_norm",
     "silu_and_mul",

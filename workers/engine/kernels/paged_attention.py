@@ -90,36 +90,67 @@ def _decode_group(q, k_cache, v_cache, group: DecodeGroup, scale: float) -> torc
     return out.reshape(seqs, heads, dim)
 
 
-def paged_prefill_ref(q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float) -> torch.Tensor:
-    out = torch.empty_like(q)
-    block_size = k_cache.shape[1]
-    heads = q.shape[1]
-    kv_heads = k_cache.shape[2]
-    starts = cu_q_lens.tolist()
-    ctxs = context_lens.tolist()
+@dataclass
+class PrefillChunk:
+    """One sequence's query chunk in a prefill step, as every layer attends it."""
+
+    start: int  # its queries are rows start..end of q
+    end: int
+    blocks: torch.Tensor  # [n_blocks] (int64) the blocks holding its context
+    context_len: int  # tokens in the cache, the chunk's own included
+    mask: torch.Tensor | None  # [chunk, context] causal mask after cached context; None: no cached context
+
+
+def plan_prefill(block_tables, cu_q_lens, context_lens, block_size: int) -> list[PrefillChunk]:
+    """The part of prefill attention that is the same in every layer (block ids, the causal
+    mask of a chunk that follows cached context), so a step builds it once: a verify step's
+    short chunk costs per layer little more than a decode does."""
+    starts, ctxs = cu_q_lens.tolist(), context_lens.tolist()
+    device = block_tables.device
+    plan = []
     for i, ctx in enumerate(ctxs):
-        qs = q[starts[i] : starts[i + 1]]
-        n_q = qs.shape[0]
+        n_q = starts[i + 1] - starts[i]
+        mask = None
+        if n_q != ctx:
+            qpos = torch.arange(ctx - n_q, ctx, device=device)
+            mask = torch.arange(ctx, device=device)[None, :] <= qpos[:, None]
         blocks = block_tables[i, : -(-ctx // block_size)].long()
-        k = _gather(k_cache, blocks)[:ctx]
-        v = _gather(v_cache, blocks)[:ctx]
-        if n_q == ctx:
-            if kv_heads != heads:
-                k = k.repeat_interleave(heads // kv_heads, dim=1)
-                v = v.repeat_interleave(heads // kv_heads, dim=1)
-            # 4-D [1, heads, tokens, dim]: on CPU, 3-D inputs miss SDPA's fused kernel (~6x slower).
-            qt, kt, vt = (x.transpose(0, 1)[None] for x in (qs, k, v))
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
-        else:
-            # A chunk after cached context (chunked prefill, speculative verification): SDPA's
-            # own GQA reads the kv heads in place, bit-identical to repeating them and 1.5-4x
-            # faster for short chunks on CPU (the repeat had been most of a verify step's extra).
-            qt, kt, vt = (x.transpose(0, 1)[None] for x in (qs, k, v))
-            qpos = torch.arange(ctx - n_q, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
-        out[starts[i] : starts[i + 1]] = o[0].transpose(0, 1)
+        plan.append(PrefillChunk(starts[i], starts[i + 1], blocks, ctx, mask))
+    return plan
+
+
+def paged_prefill_ref(
+    q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float, plan=None
+) -> torch.Tensor:
+    """`plan`: this step's `plan_prefill(...)`, when the caller made it once for all layers."""
+    if plan is None:
+        plan = plan_prefill(block_tables, cu_q_lens, context_lens, k_cache.shape[1])
+    if len(plan) == 1:  # one sequence: its output is the whole output
+        return _prefill_chunk(q, k_cache, v_cache, plan[0], scale).contiguous()
+    out = torch.empty_like(q)
+    for chunk in plan:
+        out[chunk.start : chunk.end] = _prefill_chunk(q[chunk.start : chunk.end], k_cache, v_cache, chunk, scale)
     return out
+
+
+def _prefill_chunk(qs, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+    heads, kv_heads = qs.shape[1], k_cache.shape[2]
+    k = _gather(k_cache, chunk.blocks)[: chunk.context_len]
+    v = _gather(v_cache, chunk.blocks)[: chunk.context_len]
+    if chunk.mask is None:
+        if kv_heads != heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+        # 4-D [1, heads, tokens, dim]: on CPU, 3-D inputs miss SDPA's fused kernel (~6x slower).
+        qt, kt, vt = (x.transpose(0, 1)[None] for x in (qs, k, v))
+        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+    else:
+        # A chunk after cached context (chunked prefill, speculative verification): SDPA's
+        # own GQA reads the kv heads in place, bit-identical to repeating them and 1.5-4x
+        # faster for short chunks on CPU (the repeat had been most of a verify step's extra).
+        qt, kt, vt = (x.transpose(0, 1)[None] for x in (qs, k, v))
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=chunk.mask, scale=scale, enable_gqa=kv_heads != heads)
+    return o[0].transpose(0, 1)
 
 
 @jit
@@ -255,8 +286,9 @@ def _prefill_kernel(
 
 
 def paged_prefill_triton(
-    q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float, block_m: int = 16
+    q, k_cache, v_cache, block_tables, cu_q_lens, context_lens, scale: float, plan=None, block_m: int = 16
 ) -> torch.Tensor:
+    """`plan` is the torch reference's; the kernel needs none."""
     block_size = k_cache.shape[1]
     if block_size < 16:
         raise ValueError(f"the triton prefill kernel needs block_size >= 16 (got {block_size})")

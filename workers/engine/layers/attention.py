@@ -22,6 +22,7 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     prefill_cu_q_lens: torch.Tensor | None = None
     prefill_context_lens: torch.Tensor | None = None
+    prefill_plan: list | None = None  # torch path: `kernels.plan_prefill`, built once per step
     # decode part
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
@@ -61,6 +62,7 @@ class PagedAttention(nn.Module):
             meta.prefill_cu_q_lens,
             meta.prefill_context_lens,
             self.scale,
+            meta.prefill_plan,
         )
 
     def _decode(self, q, meta):
