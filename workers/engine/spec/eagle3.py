@@ -95,6 +95,7 @@ class Eagle3Head(nn.Module):
         # Shared with the target unless the checkpoint has its own (then load_weights makes one).
         self.embed_tokens = embed_tokens
         self.register_buffer("draft_to_target", torch.arange(spec.draft_vocab_size), persistent=False)
+        self.identity_vocab = spec.draft_vocab_size == spec.vocab_size  # and d2t all zeros (load_weights)
         self.register_buffer("cos_sin", cos_sin_table(hd, spec.max_position_embeddings, rope), persistent=False)
 
     # -- the forward, in pieces ---------------------------------------------------------------
@@ -128,7 +129,8 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(state))
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.draft_to_target[draft_ids]
+        # A head over the whole vocabulary maps each id to itself: spare a draft step the gather.
+        return draft_ids if self.identity_vocab else self.draft_to_target[draft_ids]
 
     # -- loading --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -154,6 +156,7 @@ class Eagle3Head(nn.Module):
             raise ModelLoadError(f"EAGLE-3 checkpoint tensors {sorted(tensors)[:5]} have no place in the head")
         if d2t is not None:
             self.draft_to_target.add_(d2t.to(self.draft_to_target))
+        self.identity_vocab = bool(torch.equal(self.draft_to_target, torch.arange(self.spec.vocab_size)))
         if embed is not None:
             self.embed_tokens = nn.Embedding.from_pretrained(embed.to(self.fc.weight), freeze=True)
         if self.embed_tokens is None:
@@ -270,7 +273,9 @@ class Eagle3Drafter(Drafter):
             if start + n + self.k > len(self._positions):  # past the head's context: it drafts no more
                 self.contexts.pop(seq, None)
                 continue
-            if n:
+            if n and not ctx.drafts:  # it will never draft: keep its place, spare the head the work
+                ctx.next_position = start + n
+            elif n:
                 work.append((ctx, n))
                 tokens.extend(following)
                 states.append(aux_hidden[:n])
