@@ -40,7 +40,8 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
     model_dir = checkpoint_factory(arch)
     head = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=96 if arch == "qwen2" else None)
     want = [generate(plain(model_dir), [p], GREEDY)[0] for p in PROMPTS]
-    spec = eagle(model_dir, head, spec={"disable_by_batch_size": 8})
+    every_step = {"disable_by_batch_size": 8, "draft_backoff": 0}  # draft and roll back at every step
+    spec = eagle(model_dir, head, spec=every_step)
     for p, w in zip(PROMPTS, want, strict=True):
         assert_same(generate(spec, [p], GREEDY)[0], w)
     for got, w in zip(generate(spec, PROMPTS, GREEDY), want, strict=True):
@@ -48,7 +49,7 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
     stats = spec.engine.spec_stats()
     assert stats["num_drafts"] > 50 and stats["drafted_per_position"][2] > 0
     # Tight: 40 blocks of 4 cannot hold all five at full length, 16 tokens a step chunk prefills.
-    tight = eagle(model_dir, head, num_kv_blocks=40, max_num_batched_tokens=16, spec={"disable_by_batch_size": 8})
+    tight = eagle(model_dir, head, num_kv_blocks=40, max_num_batched_tokens=16, spec=every_step)
     engine = tight.engine
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, GREEDY)

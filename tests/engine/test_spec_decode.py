@@ -13,9 +13,19 @@ from workers.engine import LLM, RequestError, SamplingParams
 from workers.engine.block_manager import chain_hash
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.sequence import Sequence
+from workers.engine.spec import DraftBackoff
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+# draft_backoff 0: a random model rejects most guesses, and these tests want every step to draft
+# and roll back (test_backoff_pauses_a_sequence_whose_drafts_fail covers the default).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 4,
+    "draft_backoff": 0,
+}
 WIDE = {"disable_by_batch_size": 8}  # speculate with all of PROMPTS running
 # Repetitive prompts, so that prompt lookup finds something; and ones where it does not.
 PROMPTS = [
@@ -411,6 +421,46 @@ def test_speculation_switches_off_above_the_batch_threshold(checkpoint_factory):
         if len(step) > 2:  # three running: no drafts
             assert not any(d for _, d in step)
     assert any(d for step in log.steps for _, d in step)  # ... but once one finished, drafts again
+
+
+def test_backoff_pauses_a_sequence_whose_drafts_fail(checkpoint_factory):
+    """With the default backoff, a sequence whose guesses keep being rejected (a random model
+    never continues its prompt the way prompt lookup guesses) drafts on far fewer steps, and its
+    tokens and logprobs are unchanged."""
+    model_dir = checkpoint_factory("llama")
+    prompts = [[7] * 10, [5, 9, 33, 100, 7, 8, 9, 10, 11] * 3, [9, 8] * 6]  # lookup always has a guess
+    params = SamplingParams(temperature=0.0, max_tokens=96, logprobs=2, ignore_eos=True)
+    want = generate(make(model_dir, False), prompts, params)
+    runs = {}
+    for backoff in (0, 2):
+        llm = make(model_dir, True, spec={**WIDE, "draft_backoff": backoff})
+        for got, w in zip(generate(llm, prompts, params), want, strict=True):
+            assert_same(got, w)
+        runs[backoff] = llm.engine.spec_stats()
+    every, paused = runs[0], runs[2]
+    assert every["num_accepted_tokens"] < every["num_drafts"] / 2, "the guesses are mostly rejected"
+    assert paused["num_drafts"] < every["num_drafts"] / 2, (paused, every)
+    assert paused["num_drafts"] > 0  # a paused sequence tries again
+
+
+def test_backoff_doubles_the_pause_and_an_accepted_token_resets_it():
+    seq = Sequence("r", [1, 2, 3], SamplingParams())
+    backoff = DraftBackoff(after=2)
+
+    def skipped_after_a_miss() -> int:
+        backoff.record(seq, accepted=0)
+        steps = 0
+        while not backoff.allows(seq):
+            steps += 1
+        return steps
+
+    assert [skipped_after_a_miss() for _ in range(8)] == [0, 1, 2, 4, 8, 16, 16, 16]
+    backoff.record(seq, accepted=1)
+    assert [skipped_after_a_miss() for _ in range(3)] == [0, 1, 2]
+    never = DraftBackoff(after=0)
+    for _ in range(5):
+        never.record(seq, accepted=0)
+    assert never.allows(seq) and seq.draft_misses == 0
 
 
 def test_decode_role_of_a_disaggregated_deployment(checkpoint_factory):

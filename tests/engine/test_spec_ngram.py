@@ -103,6 +103,9 @@ def test_config_builds_the_drafter():
     assert (drafter.k, drafter.min_n, drafter.max_n) == (3, 2, 5)
     defaults = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
     assert (defaults.prompt_lookup_min, defaults.prompt_lookup_max, defaults.disable_by_batch_size) == (2, 4, 4)
+    assert defaults.draft_backoff == 2
+    never = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "draft_backoff": 0})
+    assert never.draft_backoff == 0
     assert SpeculativeConfig.from_dict(None) is None
     assert SpeculativeConfig.from_dict({}) is None
 
@@ -118,6 +121,7 @@ def test_config_builds_the_drafter():
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
         ({"method": "ngram", "num_speculative_tokens": True}, "must be a positive integer"),
         ({"method": "ngram", "num_speculative_tokens": 17}, "at most 16"),
+        ({"method": "ngram", "num_speculative_tokens": 3, "draft_backoff": -1}, "must be a non-negative integer"),
         ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "unknown keys ['model']"),
         (
             {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2},

@@ -27,7 +27,7 @@ from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
-from workers.engine.spec import SpecStats, SpeculativeConfig, make_drafter
+from workers.engine.spec import DraftBackoff, SpecStats, SpeculativeConfig, make_drafter
 from workers.engine.structured import Grammars, GrammarState, tokenizer_info
 from workers.engine.tiered_cache import KVTierConfig, TieredCache
 from workers.protocol.model_files import read_config, served_context
@@ -123,6 +123,7 @@ class LLMEngine:
                 self.speculative, self.model, read_config(config.model), self.device, self.dtype
             )
         self.spec = SpecStats(self.speculative.num_speculative_tokens) if self.speculative else None
+        self.backoff = DraftBackoff(self.speculative.draft_backoff) if self.speculative else None
         # The drafter reads the target's hidden states (EAGLE-3): each step's rows are handed to it.
         self.feeds_drafter = self.drafter is not None and self.drafter.aux_layer_ids is not None
         self.requests: dict[str, Sequence] = {}
@@ -359,6 +360,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             if seq.num_computed_tokens != seq.num_tokens - 1:  # still prefilling
                 continue
+            if not self.backoff.allows(seq):  # its recent drafts were all rejected (spec/backoff.py)
+                continue
             room = min(self.speculative.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
             if seq.params.max_tokens is not None:
                 room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
@@ -393,6 +396,7 @@ class LLMEngine:
         for item, result in zip(verifying, verified, strict=True):
             results[id(item)] = (result.token_ids, result.logprobs)
             self.spec.record(len(item.draft_token_ids), len(result.token_ids) - 1)
+            self.backoff.record(item.seq, len(result.token_ids) - 1)
         self.spec.num_verify_steps += 1
         deltas = []
         for item in sampling:

@@ -1,12 +1,13 @@
 """Speculative decoding: drafters guess a few tokens, the target verifies them in one pass.
 
 `config` (speculative_config), `drafter` (the interface), `ngram` (prompt lookup), `eagle3`
-(a draft head over the target's hidden states),
-`rejection` (lossless verification), `stats` (counters). The engine wires them together
+(a draft head over the target's hidden states), `rejection` (lossless verification),
+`backoff` (sequences whose drafts keep failing pause), `stats` (counters). The engine wires them together
 (llm_engine.py); the scheduler and model runner carry the drafts through one forward pass.
 """
 
 from workers.engine.errors import RequestError
+from workers.engine.spec.backoff import DraftBackoff
 from workers.engine.spec.config import SpeculativeConfig
 from workers.engine.spec.drafter import Drafter
 from workers.engine.spec.ngram import NgramDrafter
@@ -33,4 +34,4 @@ def make_drafter(
     return Eagle3Drafter(head, config.num_speculative_tokens, layers)
 
 
-__all__ = ["Drafter", "NgramDrafter", "SpecStats", "SpeculativeConfig", "make_drafter"]
+__all__ = ["DraftBackoff", "Drafter", "NgramDrafter", "SpecStats", "SpeculativeConfig", "make_drafter"]

@@ -7,7 +7,9 @@
 
 `disable_by_batch_size` (vLLM's name too): a step with more running sequences than this
 verifies no drafts, because at that batch the extra query tokens cost more than the accepted
-ones save (see docs/engine.md for the measurement behind the default).
+ones save (see docs/engine.md for the measurement behind the default). `draft_backoff`: after
+this many draft runs in a row that accepted nothing, a sequence pauses drafting (1, 2, 4, ... up
+to 16 steps; spec/backoff.py); 0 never pauses.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ MAX_SPECULATIVE_TOKENS = 16
 # ~3.6) tool calls and chat ran 1.28x, 1.13x, 1.00x, 0.89x, 0.79x at batch 1, 2, 3, 4, 8 with
 # speculation forced on, so it stops above 2.
 DEFAULT_DISABLE_BY_BATCH_SIZE = {"ngram": 4, "eagle3": 2}
+# Two runs in a row that accept nothing: one can be bad luck; on the demo model's tool calls, where
+# prompt lookup never matches what the answer says, every further run was rejected too.
+DEFAULT_DRAFT_BACKOFF = 2
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int = 0  # 0: the method's default (DEFAULT_DISABLE_BY_BATCH_SIZE)
+    draft_backoff: int = DEFAULT_DRAFT_BACKOFF
     model: str | None = None  # eagle3: the draft head's directory
 
     @classmethod
@@ -63,7 +69,7 @@ class SpeculativeConfig:
         model = raw.pop("model", None)
         if method == "eagle3" and (not isinstance(model, str) or not model):
             raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
-        values = {name: _positive_int(name, value) for name, value in raw.items()}
+        values = {name: _positive_int(name, value, zero=name == "draft_backoff") for name, value in raw.items()}
         values.setdefault("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE[method])
         config = cls(method=method, model=model, **values)
         if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
@@ -76,7 +82,8 @@ class SpeculativeConfig:
         return config
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RequestError(f"speculative_config {name} must be a positive integer, got {value!r}")
+def _positive_int(name: str, value, zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
+        what = "a non-negative" if zero else "a positive"
+        raise RequestError(f"speculative_config {name} must be {what} integer, got {value!r}")
     return value
