@@ -21,10 +21,10 @@ the token at p+2 (positions and tokens as vLLM pairs them). Drafting a run of k:
 `DraftPass` runs the head's forward for both as bare tensor ops (the modules are the
 definition, which training differentiates through). Only attention runs per sequence.
 
-The head's context lives per sequence in a plain buffer, not the paged cache: it holds only positions whose target states this engine computed, so a
-prefix-cache hit, a prompt another replica prefilled, or steps too large to speculate (the
-head is not fed then: it would cost a quarter of a 4-layer target step for nothing) start it
-partway. Drafts are then worse, never wrong: the target verifies every guess. A context that
+The head's context lives per sequence in a plain buffer, not the paged cache: it holds only
+positions whose target states this engine computed, so a prefix-cache hit, a prompt another
+replica prefilled, or steps too large to speculate (the head is not fed then: it would cost a
+quarter of a 4-layer target step for nothing) start it partway. Drafts are then worse, never wrong: the target verifies every guess. A context that
 starts inside the answer (the batch shrank below the speculation threshold mid-answer) drafts
 nothing: measured, its drafts did not pay for their verification.
 """
