@@ -159,7 +159,12 @@ def test_ngram_speculation_is_lossless(checkpoint_factory):
         str(model_dir),
         dtype="float32",
         block_size=4,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8},
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "disable_by_batch_size": 8,
+            "draft_backoff": 0,  # draft at every step, rejected or not
+        },
     )
     want = base.generate([{"prompt_token_ids": p} for p in prompts], params)
     got = spec.generate([{"prompt_token_ids": p} for p in prompts], params)

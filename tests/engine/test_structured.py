@@ -16,7 +16,14 @@ from workers.engine.llm_engine import LLMEngine
 from workers.engine.sampler import Sampler
 
 DEMO = "workers/demo/model"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+# draft_backoff 0: draft at every step, rejected or not.
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 4,
+    "draft_backoff": 0,
+}
 QUESTIONS = [
     "Tell me about Alice.",
     "What is the capital of France?",

@@ -4,7 +4,8 @@ A verify step costs more than a decode step (1.3x at batch 1 on the 2-core CPU, 
 batches: docs/engine.md), so a draft run that accepts nothing is pure cost. Text that repeats
 nothing (prompt lookup on an answer that copies no earlier text) rejects run after run. After
 `after` consecutive runs that accepted nothing, a sequence skips drafting for 1, 2, 4, ... and at
-most `MAX_PAUSE` steps, then tries again; a run that accepts a token resets it. Drafts change
+most `MAX_PAUSE` steps that speculate (a step above the batch threshold drafts nothing anyway, and
+does not count), then tries again; a run that accepts a token resets it. Drafts change
 only how fast tokens come, never which, so this cannot change an output.
 
 The state lives on the sequence (`draft_misses`, `draft_pause`), so it follows it through

@@ -24,9 +24,10 @@ definition, which training differentiates through). Only attention runs per sequ
 The head's context lives per sequence in a plain buffer, not the paged cache: it holds only
 positions whose target states this engine computed, so a prefix-cache hit, a prompt another
 replica prefilled, or steps too large to speculate (the head is not fed then: it would cost a
-quarter of a 4-layer target step for nothing) start it partway. Drafts are then worse, never wrong: the target verifies every guess. A context that
-starts inside the answer (the batch shrank below the speculation threshold mid-answer) drafts
-nothing: measured, its drafts did not pay for their verification.
+quarter of a 4-layer target step for nothing) start it partway. Drafts are then worse, never
+wrong: the target verifies every guess. A context that starts inside the answer (the batch
+shrank below the speculation threshold mid-answer) drafts nothing: measured, its drafts did not
+pay for their verification.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class Eagle3Head(nn.Module):
         # Shared with the target unless the checkpoint has its own (then load_weights makes one).
         self.embed_tokens = embed_tokens
         self.register_buffer("draft_to_target", torch.arange(spec.draft_vocab_size), persistent=False)
-        self.identity_vocab = spec.draft_vocab_size == spec.vocab_size  # and d2t all zeros (load_weights)
+        # The draft ids are the target's (a full-vocabulary head, d2t all zeros): drafting skips the gather.
+        self.identity_vocab = spec.draft_vocab_size == spec.vocab_size
         self.register_buffer("cos_sin", cos_sin_table(hd, spec.max_position_embeddings, rope), persistent=False)
 
     # -- the forward, in pieces ---------------------------------------------------------------
@@ -113,8 +115,7 @@ class Eagle3Head(nn.Module):
         rope = self.cos_sin.index_select(0, positions)
         v = qkv[:, self.q_size + self.kv_size :].reshape(-1, spec.num_kv_heads, hd)
         qk = qkv[:, : self.q_size + self.kv_size].reshape(-1, spec.num_heads + spec.num_kv_heads, hd)
-        # Drafting turns q and k in one kernel call (a draft step is dozens of tiny ops, each
-        # costing its launch); training needs the differentiable form.
+        # Without grad one kernel call turns q and k; training needs the differentiable form.
         qk = rotate(qk, rope) if torch.is_grad_enabled() else kernels.apply_rotary(qk, rope)
         q, k = qk.split((spec.num_heads, spec.num_kv_heads), dim=1)
         return q, k, v, hidden
@@ -131,8 +132,7 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(state))
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        # A head over the whole vocabulary maps each id to itself: spare a draft step the gather.
-        return draft_ids if self.identity_vocab else self.draft_to_target[draft_ids]
+        return self.draft_to_target[draft_ids]
 
     # -- loading --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -171,17 +171,16 @@ class DraftPass:
     """The head's forward for drafting, as bare tensor ops on tensors taken from it once.
 
     A draft step is two dozen ops on one row a sequence. Through the modules (their calls,
-    parameter lookups, the kernel dispatch, residual adds apart from their matmuls) `propose`
-    took 717 us on the demo head, and 481 us this way (CPU, medians of interleaved runs). The
-    modules (Eagle3Head's pieces) stay the definition: training differentiates through them, and
-    tests check that the engine's drafts are the trained head's predictions."""
+    parameter lookups, residual adds apart from their matmuls) `propose` took 717 us on the demo
+    head, and 559 us this way (CPU, medians of interleaved runs). The modules (Eagle3Head's
+    pieces) stay the definition, computed with the same kernels: training differentiates through
+    them, and tests check that the engine's drafts are the trained head's predictions."""
 
     def __init__(self, head: Eagle3Head):
         spec = head.spec
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.qk_size = head.q_size + head.kv_size
-        self.q_size, self.inter = head.q_size, spec.intermediate_size
-        self.width = (spec.hidden_size,)
+        self.q_size = head.q_size
         self.eps = spec.rms_norm_eps
 
         def weight(layer: Linear) -> torch.Tensor:  # [in, out], as `x @ w` reads it
@@ -202,8 +201,8 @@ class DraftPass:
         """(q, k, v) as Eagle3Head.attention_inputs (the residual is `hidden` itself)."""
         x = torch.cat(
             (
-                F.rms_norm(self.embed.index_select(0, token_ids), self.width, self.input_norm, self.eps),
-                F.rms_norm(hidden, self.width, self.hidden_norm, self.eps),
+                kernels.rms_norm(self.embed.index_select(0, token_ids), self.input_norm, self.eps),
+                kernels.rms_norm(hidden, self.hidden_norm, self.eps),
             ),
             dim=-1,
         )
@@ -221,13 +220,13 @@ class DraftPass:
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         residual = torch.addmm(residual, attn_out.reshape(-1, self.q_size), self.o)
-        gate_up = F.rms_norm(residual, self.width, self.post_norm, self.eps) @ self.gate_up
-        act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
+        gate_up = kernels.rms_norm(residual, self.post_norm, self.eps) @ self.gate_up
+        act = kernels.silu_and_mul(gate_up)
         return torch.addmm(residual, act, self.down)
 
     def next_tokens(self, state: torch.Tensor) -> torch.Tensor:
         """The greedy guess (target ids) of each state before the final norm."""
-        ids = (F.rms_norm(state, self.width, self.final_norm, self.eps) @ self.lm_head).argmax(dim=-1)
+        ids = (kernels.rms_norm(state, self.final_norm, self.eps) @ self.lm_head).argmax(dim=-1)
         return ids if self.draft_to_target is None else self.draft_to_target[ids]
 
 
