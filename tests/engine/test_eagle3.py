@@ -156,7 +156,7 @@ def test_speculation_defaults_per_method():
     """Each method stops speculating above its own measured batch size (spec/config.py)."""
     eagle3 = SpeculativeConfig.from_dict({"method": "eagle3", "model": "/x", "num_speculative_tokens": 3})
     ngram = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
-    assert (eagle3.disable_by_batch_size, ngram.disable_by_batch_size) == (2, 4)
+    assert (eagle3.disable_by_batch_size, ngram.disable_by_batch_size) == (3, 4)
     chosen = {"method": "eagle3", "model": "/x", "num_speculative_tokens": 3, "disable_by_batch_size": 6}
     assert SpeculativeConfig.from_dict(chosen).disable_by_batch_size == 6
     with pytest.raises(RequestError, match="unknown keys \\['prompt_lookup_max'\\] for method 'eagle3'"):
