@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 import torch
 
+from tests.engine.test_spec_decode import NGRAM  # drafts at every step, rejected or not
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestError
@@ -16,14 +17,6 @@ from workers.engine.llm_engine import LLMEngine
 from workers.engine.sampler import Sampler
 
 DEMO = "workers/demo/model"
-# draft_backoff 0: draft at every step, rejected or not.
-NGRAM = {
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_min": 1,
-    "prompt_lookup_max": 4,
-    "draft_backoff": 0,
-}
 QUESTIONS = [
     "Tell me about Alice.",
     "What is the capital of France?",

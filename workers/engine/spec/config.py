@@ -69,7 +69,7 @@ class SpeculativeConfig:
         model = raw.pop("model", None)
         if method == "eagle3" and (not isinstance(model, str) or not model):
             raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
-        values = {name: _positive_int(name, value, zero=name == "draft_backoff") for name, value in raw.items()}
+        values = {name: _count(name, value, minimum=0 if name == "draft_backoff" else 1) for name, value in raw.items()}
         values.setdefault("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE[method])
         config = cls(method=method, model=model, **values)
         if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
@@ -82,8 +82,8 @@ class SpeculativeConfig:
         return config
 
 
-def _positive_int(name: str, value, zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        what = "a non-negative" if zero else "a positive"
+def _count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a non-negative" if minimum == 0 else "a positive"
         raise RequestError(f"speculative_config {name} must be {what} integer, got {value!r}")
     return value

@@ -98,8 +98,6 @@ class Eagle3Head(nn.Module):
         # Shared with the target unless the checkpoint has its own (then load_weights makes one).
         self.embed_tokens = embed_tokens
         self.register_buffer("draft_to_target", torch.arange(spec.draft_vocab_size), persistent=False)
-        # The draft ids are the target's (a full-vocabulary head, d2t all zeros): drafting skips the gather.
-        self.identity_vocab = spec.draft_vocab_size == spec.vocab_size
         self.register_buffer("cos_sin", cos_sin_table(hd, spec.max_position_embeddings, rope), persistent=False)
 
     # -- the forward, in pieces ---------------------------------------------------------------
@@ -158,7 +156,6 @@ class Eagle3Head(nn.Module):
             raise ModelLoadError(f"EAGLE-3 checkpoint tensors {sorted(tensors)[:5]} have no place in the head")
         if d2t is not None:
             self.draft_to_target.add_(d2t.to(self.draft_to_target))
-        self.identity_vocab = bool(torch.equal(self.draft_to_target, torch.arange(self.spec.vocab_size)))
         if embed is not None:
             self.embed_tokens = nn.Embedding.from_pretrained(embed.to(self.fc.weight), freeze=True)
         if self.embed_tokens is None:
@@ -171,10 +168,11 @@ class DraftPass:
     """The head's forward for drafting, as bare tensor ops on tensors taken from it once.
 
     A draft step is two dozen ops on one row a sequence. Through the modules (their calls,
-    parameter lookups, residual adds apart from their matmuls) `propose` took 717 us on the demo
-    head, and 559 us this way (CPU, medians of interleaved runs). The modules (Eagle3Head's
-    pieces) stay the definition, computed with the same kernels: training differentiates through
-    them, and tests check that the engine's drafts are the trained head's predictions."""
+    parameter lookups, residual adds apart from their matmuls) `propose` took 901 us on the demo
+    head, and 742 us this way (CPU, medians of interleaved runs on a busy host). The modules
+    (Eagle3Head's pieces) stay the definition, computed with the same kernels: training
+    differentiates through them, and tests check that the engine's drafts are the trained
+    head's predictions."""
 
     def __init__(self, head: Eagle3Head):
         spec = head.spec
@@ -192,7 +190,10 @@ class DraftPass:
         self.input_norm, self.hidden_norm = head.input_layernorm.weight, head.hidden_norm.weight
         self.post_norm, self.final_norm = head.post_attention_layernorm.weight, head.norm.weight
         self.embed, self.cos_sin = head.embed_tokens.weight, head.cos_sin
-        self.draft_to_target = None if head.identity_vocab else head.draft_to_target
+        # None: the draft ids are the target's (a full-vocabulary head, d2t all zeros), no gather.
+        d2t = head.draft_to_target
+        same = torch.equal(d2t, torch.arange(spec.vocab_size, device=d2t.device))
+        self.draft_to_target = None if same else d2t
 
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         return aux_hidden @ self.fc
@@ -207,14 +208,9 @@ class DraftPass:
             dim=-1,
         )
         qkv = x @ self.qkv
-        n, half = qkv.shape[0], self.head_dim // 2
+        n = qkv.shape[0]
         qk = qkv[:, : self.qk_size].view(n, self.heads + self.kv_heads, self.head_dim)
-        rope = self.cos_sin.index_select(0, positions)[:, None]  # [n, 1, head_dim]: cos | sin
-        cos, sin = rope[..., :half], rope[..., half:]
-        x1, x2 = qk[..., :half], qk[..., half:]
-        turned = torch.empty_like(qk)
-        torch.mul(x1, cos, out=turned[..., :half]).addcmul_(x2, sin, value=-1)
-        torch.mul(x2, cos, out=turned[..., half:]).addcmul_(x1, sin)
+        turned = kernels.apply_rotary(qk, self.cos_sin.index_select(0, positions))
         v = qkv[:, self.qk_size :].view(n, self.kv_heads, self.head_dim)
         return turned[:, : self.heads], turned[:, self.heads :], v
 
@@ -351,9 +347,8 @@ class Eagle3Drafter(Drafter):
             return
         draft = self.draft
         token_ids = torch.tensor(tokens, device=self._device)
-        one = len(states) == 1
-        residual = draft.fuse(states[0] if one else torch.cat(states))
-        q, k, v = draft.attention_inputs(token_ids, residual, positions[0] if one else torch.cat(positions))
+        residual = draft.fuse(torch.cat(states))
+        q, k, v = draft.attention_inputs(token_ids, residual, torch.cat(positions))
         outs, row = [], 0
         for ctx, n in work:
             if ctx.kv is None:
