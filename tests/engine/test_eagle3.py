@@ -13,8 +13,11 @@ from safetensors.torch import load_file, save_file
 from tests.engine.checkpoints import build_eagle3_head
 from tests.engine.test_spec_decode import GREEDY, PROMPTS, assert_consistent, assert_same, generate
 from workers.engine import LLM, SamplingParams
+from workers.engine.config import rope_from
 from workers.engine.errors import ModelLoadError, RequestError
 from workers.engine.spec import SpeculativeConfig
+from workers.engine.spec.eagle3 import Eagle3Head, fold_norm_weights
+from workers.protocol.draft_models import read_eagle3
 from workers.spec.train_eagle3 import TargetFeatures, unroll
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
@@ -64,11 +67,12 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
 
 
 def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path):
-    """The engine's drafting (observe, then k steps on its own states) and the trainer's
-    unrolled forward are the same computation: fed the engine's own drafts as the tokens, the
+    """The engine's drafting (observe, then k steps on its own states; norm weights folded into
+    the matmuls, the rotary as a complex multiply) and the trainer's unrolled forward of the
+    checkpoint are the same computation: fed the engine's own drafts as the tokens, the
     trainer's step-j prediction at the last position is the engine's j-th draft."""
     model_dir = checkpoint_factory("llama")
-    head_dir = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=128, seed=3)
+    head_dir = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=128, seed=3, random_norms=True)
     llm = eagle(model_dir, head_dir, k=4)
     engine = llm.engine
     prompt = PROMPTS[0]
@@ -78,15 +82,44 @@ def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path)
     drafts = engine.drafter.propose([seq], [4])[0]
     assert len(drafts) == 4
     tokens = seq.token_ids + drafts
-    drafter_head = engine.drafter.head
+    checkpoint = unfolded_head(head_dir, model_dir)
     features = TargetFeatures(model_dir, engine.drafter.aux_layer_ids)
     ids = torch.tensor([tokens])
     aux = features(ids, torch.ones_like(ids))
-    logits = unroll(drafter_head, aux, ids, 4)
+    with torch.no_grad():
+        logits = unroll(checkpoint, aux, ids, 4)
     p = seq.num_tokens - 2  # the last position with a target state the head observed
-    predicted = [int(drafter_head.to_target(step[0, p].argmax())) for step in logits]
+    predicted = [int(checkpoint.to_target(step[0, p].argmax())) for step in logits]
     assert predicted == drafts
     engine.abort_request("r")
+
+
+def unfolded_head(head_dir, model_dir) -> Eagle3Head:
+    """The head as its checkpoint has it (norm weights in the norms), on the target's embedding."""
+    from workers.engine.loader import iter_tensors
+
+    embed = torch.nn.Embedding.from_pretrained(dict(iter_tensors(model_dir))["model.embed_tokens.weight"])
+    head = Eagle3Head(read_eagle3(head_dir), rope_from(json.loads((head_dir / "config.json").read_text())), embed)
+    head.load_weights(dict(iter_tensors(head_dir)))
+    return head.eval()
+
+
+def test_folding_the_norm_weights_keeps_the_heads_function(checkpoint_factory, tmp_path):
+    """fold_norm_weights moves each norm's weight into the matmul after it: the unrolled head
+    predicts the same logits, and its norms are left with weight one."""
+    model_dir = checkpoint_factory("llama")
+    head_dir = build_eagle3_head(tmp_path / "head", model_dir, seed=4, random_norms=True)
+    head, folded = unfolded_head(head_dir, model_dir), unfolded_head(head_dir, model_dir)
+    assert not torch.equal(head.norm.weight, torch.ones_like(head.norm.weight))
+    fold_norm_weights(folded)
+    for norm in (folded.input_layernorm, folded.hidden_norm, folded.post_attention_layernorm, folded.norm):
+        assert torch.equal(norm.weight, torch.ones_like(norm.weight))
+    generator = torch.Generator().manual_seed(0)
+    aux = torch.randn(2, 9, 3 * head.spec.target_hidden_size, generator=generator)
+    ids = torch.randint(0, head.spec.vocab_size, (2, 9), generator=generator)
+    with torch.no_grad():
+        for want, got in zip(unroll(head, aux, ids, 3), unroll(folded, aux, ids, 3), strict=True):
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_demo_pair_is_lossless_and_accepts_most_drafts():

@@ -26,12 +26,14 @@ import json
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from workers.bench.processes import ROOT
+from workers.bench.work_count import counting, eagle3_cycle_bytes, eagle3_observe_bytes, linear_bytes
 from workers.demo.corpus import conversations
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import RequestError
@@ -45,6 +47,7 @@ DRAFT_DIR = ROOT / "workers" / "demo" / "draft"
 # defaults): prompts found there are not benchmarked.
 TRAINED_ON = {"n": 20000, "seed": 0}
 MAX_TOKENS = 64  # every demo answer ends well before this
+WORK_PROMPTS = 3  # prompts of each workload whose steps' ops are counted
 # The issue's targets (14, item 5).
 TARGET_SPEEDUP_B1 = {("eagle3", "tool_calls"): 1.8, ("eagle3", "chat"): 1.4, ("ngram", "tool_calls"): 1.3}
 TARGET_ACCEPTANCE_EAGLE3 = 2.8
@@ -138,6 +141,40 @@ class Engine:
 
             self.engine.drafter.propose = propose
             self.engine.drafter.observe = observe
+
+    def count_work(self, prompts: list[list[int]]) -> dict[str, float | None]:
+        """Median ops (work_count.py) of each step kind over `prompts` run one at a time: the
+        prefill step (EAGLE-3's observe of the prompt included), the target's forward in a plain
+        decode step and in a step verifying k drafts, and a draft run (the propose before that
+        step and the observe in it, as `run` times them)."""
+        engine, drafter = self.engine, self.engine.drafter
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        forward: list[int] = []
+        drafting: list[int] = []
+        kinds: dict[str, list[int]] = {"prefill": [], "decode": [], "verify": [], "draft": []}
+        with ExitStack() as stack:
+            stack.enter_context(counting(engine.runner, "execute", forward))
+            if drafter is not None:
+                stack.enter_context(counting(drafter, "propose", drafting))
+                stack.enter_context(counting(drafter, "observe", drafting))
+            for prompt in prompts:
+                engine.block_manager.reset_prefix_cache()
+                self._ids += 1
+                engine.add_request(str(self._ids), prompt, params)
+                first = True
+                while engine.has_unfinished_requests():
+                    self.last_draft = None
+                    seen = len(drafting)
+                    engine.step()
+                    if first:  # the prefill step, with the head's observe of the prompt
+                        kinds["prefill"].append(forward[-1] + sum(drafting[seen:]))
+                        first = False
+                    elif self.last_draft and self.last_draft[1] == self.k:
+                        kinds["verify"].append(forward[-1])
+                        kinds["draft"].append(sum(drafting[seen:]))
+                    elif not self.last_draft or not self.last_draft[1]:
+                        kinds["decode"].append(forward[-1])
+        return {kind: _median(counts) for kind, counts in kinds.items()}
 
     def run(self, prompts: list[list[int]], batch: int) -> Pass:
         engine = self.engine
@@ -324,8 +361,22 @@ def run(args) -> int:
 
     say("")
     say(f"what bounds the speed-up (batch 1, median step times over all rounds, k = {args.k}):")
+    work = {(w, m): engines[m].count_work(prompts[w][:WORK_PROMPTS]) for w in WORKLOADS for m in methods}
+    weights = _weight_bytes(engines, args.k)
     for line in _bounds(results, rows, methods, args.k):
         say("  " + line)
+    say("")
+    say("what bounds it on any machine (ops dispatched and weight bytes read; median over "
+        f"{WORK_PROMPTS} prompts a workload, counted apart from the timed rounds):")  # fmt: skip
+    for line in _work_bounds(work, weights, rows, methods, args.k):
+        say("  " + line)
+    for w in WORKLOADS:
+        reference = results[(w, 1, "none")][0].tokens
+        hits, total = _lookup_oracle(prompts[w][: len(reference)], reference)
+        say(
+            f"  {w}: {hits} of {total} answer tokens after the first follow an earlier occurrence of the "
+            "2..4 tokens before them (prompt lookup can guess no others)"
+        )
 
     print(json.dumps({"runs": [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]}))
     return 0
@@ -371,6 +422,63 @@ def _targets(rows: list[dict], methods: list[str]) -> list[str]:
     if "eagle3" not in methods:
         lines.append("(eagle3 not run: --methods leaves it out)")
     return lines
+
+
+def _weight_bytes(engines: dict[str, Engine], k: int) -> dict[str, int]:
+    """Weight bytes a target forward reads, a draft run of k tokens, and EAGLE-3's observe."""
+    out = {"target": linear_bytes(engines["none"].engine.model), "ngram": 0}
+    if "eagle3" in engines:
+        head = engines["eagle3"].engine.drafter.head
+        out["eagle3"] = eagle3_cycle_bytes(head, k)
+        out["eagle3 observe"] = eagle3_observe_bytes(head)  # of the prompt, in the prefill step
+    return out
+
+
+def _work_bounds(work, weights: dict[str, int], rows, methods, k: int) -> list[str]:
+    """Per workload: the ceiling L * decode / (verify + draft run) where ops set the time, and
+    where weight bytes do (work_count.py); and with the workload's prefill, counted as a step
+    (its ops; its weights read once, the head's fc and layer once more for EAGLE-3)."""
+    lines = []
+    target = weights["target"]
+    for workload in WORKLOADS:
+        decode, prefill = work[(workload, "none")]["decode"], work[(workload, "none")]["prefill"]
+        n = _row(rows, workload, 1, "none")["_tokens_out"]
+        lines.append(f"{workload} (none): decode forward {decode:.0f} ops, {target / 1e6:.2f} MB of weights")
+        for method in methods[1:]:
+            counts, length = work[(workload, method)], _row(rows, workload, 1, method)["acceptance_length"]
+            if counts["verify"] is None or length is None or decode is None:
+                lines.append(f"  {method}: no step verified {k} drafts")
+                continue
+            ops = counts["verify"] + counts["draft"]
+            cycle = target + weights[method]
+            by_ops = (prefill + (n - 1) * decode) / (counts["prefill"] + (n - 1) / length * ops)
+            by_bytes = n * target / (target + weights.get(f"{method} observe", 0) + (n - 1) / length * cycle)
+            lines.append(
+                f"  {method}: verify forward {counts['verify']:.0f} ops; draft run {counts['draft']:.0f} ops, "
+                f"{weights[method] / 1e6:.2f} MB; L = {length:.2f}"
+            )
+            lines.append(
+                f"    ceiling where ops set the time: L * {decode:.0f} / {ops:.0f} = {length * decode / ops:.2f}x "
+                f"({by_ops:.2f}x with the prefill); where weight bytes do: L * {target / 1e6:.2f} / "
+                f"{cycle / 1e6:.2f} = {length * target / cycle:.2f}x ({by_bytes:.2f}x with the prefill)"
+            )
+    return lines
+
+
+def _lookup_oracle(prompts: list[list[int]], answers: list[list[int]], lo: int = 2, hi: int = 4) -> tuple[int, int]:
+    """(answer tokens after the first that some n-gram of the lo..hi tokens before them predicts,
+    counting any earlier occurrence in prompt and answer; answer tokens after the first)."""
+    hits = total = 0
+    for prompt, answer in zip(prompts, answers, strict=True):
+        tokens = prompt + answer
+        for i in range(len(prompt) + 1, len(tokens)):
+            total += 1
+            hits += any(
+                tokens[s : s + n] == tokens[i - n : i] and tokens[s + n] == tokens[i]
+                for n in range(lo, hi + 1)
+                for s in range(i - n)
+            )
+    return hits, total
 
 
 def _bounds(results, rows, methods, k: int) -> list[str]:

@@ -164,15 +164,32 @@ class Eagle3Head(nn.Module):
             raise ModelLoadError("the EAGLE-3 head's d2t maps draft ids outside the target vocabulary")
 
 
+def fold_norm_weights(head: Eagle3Head) -> None:
+    """Fold each RMSNorm's weight into the linear layer that reads the norm's output, and set
+    the norm's weight to 1: the head computes the same function (up to rounding). Drafting then
+    normalises the token's embedding and the state side by side in one op, where it took two,
+    and picks its guess from the state without the final norm (it scales each row by a positive
+    number, which keeps the argmax)."""
+    with torch.no_grad():
+        head.qkv_proj.weight.mul_(torch.cat((head.input_layernorm.weight, head.hidden_norm.weight)))
+        head.gate_up_proj.weight.mul_(head.post_attention_layernorm.weight)
+        head.lm_head.weight.mul_(head.norm.weight)
+        for norm in (head.input_layernorm, head.hidden_norm, head.post_attention_layernorm, head.norm):
+            norm.weight.fill_(1.0)
+
+
 class DraftPass:
     """The head's forward for drafting, as bare tensor ops on tensors taken from it once.
 
-    A draft step is two dozen ops on one row a sequence. Through the modules (their calls,
-    parameter lookups, residual adds apart from their matmuls) `propose` took 901 us on the demo
-    head, and 742 us this way (CPU, medians of interleaved runs on a busy host). The modules
-    (Eagle3Head's pieces) stay the definition, computed with the same kernels: training
-    differentiates through them, and tests check that the engine's drafts are the trained
-    head's predictions."""
+    A draft run is a few dozen small ops a sequence, and on a small model each op costs about
+    the same whatever its size (CPU dispatch, GPU launches), so the run is written for few ops:
+    no module calls, residual adds inside `addmm`, norm weights folded into the next matmul
+    (`fold_norm_weights`), rotary positions gathered once a run, and on CPU in fp32 the rotary
+    as one complex multiply (q and k come out with each head's dims paired (0, d/2), (1, d/2+1)
+    .. side by side: the same permutation of both, so attention scores are unchanged, and the
+    head's K/V are only ever read by this pass). The modules (Eagle3Head's pieces) stay the
+    definition: training differentiates through them, and tests check that the engine's drafts
+    are the trained head's predictions."""
 
     def __init__(self, head: Eagle3Head):
         spec = head.spec
@@ -187,9 +204,14 @@ class DraftPass:
         self.fc, self.qkv, self.o, self.gate_up, self.down, self.lm_head = (
             weight(m) for m in (head.fc, head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.lm_head)
         )
-        self.input_norm, self.hidden_norm = head.input_layernorm.weight, head.hidden_norm.weight
-        self.post_norm, self.final_norm = head.post_attention_layernorm.weight, head.norm.weight
-        self.embed, self.cos_sin = head.embed_tokens.weight, head.cos_sin
+        self.unit = head.norm.weight  # all ones: the norms' weights are in the matmuls after them
+        self.embed = head.embed_tokens.weight
+        cos_sin = head.cos_sin
+        self.complex_rope = cos_sin.device.type == "cpu" and self.fc.dtype == torch.float32
+        if self.complex_rope:  # cos + i sin, one row a position
+            half = self.head_dim // 2
+            cos_sin = torch.complex(cos_sin[:, :half].float(), cos_sin[:, half:].float())
+        self.rope_table = cos_sin  # row p turns an entry at position p (`attention_inputs`)
         # None: the draft ids are the target's (a full-vocabulary head, d2t all zeros), no gather.
         d2t = head.draft_to_target
         same = torch.equal(d2t, torch.arange(spec.vocab_size, device=d2t.device))
@@ -198,31 +220,31 @@ class DraftPass:
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         return aux_hidden @ self.fc
 
-    def attention_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
-        """(q, k, v) as Eagle3Head.attention_inputs (the residual is `hidden` itself)."""
-        x = torch.cat(
-            (
-                kernels.rms_norm(self.embed.index_select(0, token_ids), self.input_norm, self.eps),
-                kernels.rms_norm(hidden, self.hidden_norm, self.eps),
-            ),
-            dim=-1,
-        )
-        qkv = x @ self.qkv
-        n = qkv.shape[0]
-        qk = qkv[:, : self.qk_size].view(n, self.heads + self.kv_heads, self.head_dim)
-        turned = kernels.apply_rotary(qk, self.cos_sin.index_select(0, positions))
-        v = qkv[:, self.qk_size :].view(n, self.kv_heads, self.head_dim)
+    def attention_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor, rope: torch.Tensor):
+        """(q, k, v) for entries of (token, state) turned by their rows of `rope_table`, as
+        Eagle3Head.attention_inputs (the residual is `hidden` itself)."""
+        n = hidden.shape[0]
+        x = torch.cat((self.embed.index_select(0, token_ids), hidden), dim=-1).view(n, 2, -1)
+        qkv = kernels.rms_norm(x, self.unit, self.eps).view(n, -1) @ self.qkv
+        heads, hd = self.heads + self.kv_heads, self.head_dim
+        if self.complex_rope:  # (x1 + i x2)(cos + i sin): the rotate-half rotary, dims paired
+            pairs = qkv[:, : self.qk_size].view(n, heads, 2, hd // 2).transpose(-1, -2).contiguous()
+            turned = torch.view_as_real(torch.view_as_complex(pairs) * rope[:, None]).view(n, heads, hd)
+        else:
+            turned = kernels.apply_rotary(qkv[:, : self.qk_size].view(n, heads, hd), rope)
+        v = qkv[:, self.qk_size :].view(n, self.kv_heads, hd)
         return turned[:, : self.heads], turned[:, self.heads :], v
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         residual = torch.addmm(residual, attn_out.reshape(-1, self.q_size), self.o)
-        gate_up = kernels.rms_norm(residual, self.post_norm, self.eps) @ self.gate_up
+        gate_up = kernels.rms_norm(residual, self.unit, self.eps) @ self.gate_up
         act = kernels.silu_and_mul(gate_up)
         return torch.addmm(residual, act, self.down)
 
     def next_tokens(self, state: torch.Tensor) -> torch.Tensor:
-        """The greedy guess (target ids) of each state before the final norm."""
-        ids = (kernels.rms_norm(state, self.final_norm, self.eps) @ self.lm_head).argmax(dim=-1)
+        """The greedy guess (target ids) of each state before the final norm (which, its weight
+        folded into the LM head, would only scale the row)."""
+        ids = (state @ self.lm_head).argmax(dim=-1)
         return ids if self.draft_to_target is None else self.draft_to_target[ids]
 
 
@@ -248,13 +270,20 @@ def load_eagle3(
     head = Eagle3Head(spec, rope_from(raw), target_embed)
     head.load_weights(dict(iter_tensors(draft_dir)))
     head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
+    fold_norm_weights(head)
     prepare_linears(head)
     return head.eval()
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts one after another (the part itself when there is one: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """q [n, heads, hd] for the last n of the m entries in k/v [m, kv_heads, hd]; each query
-    sees the entries up to and including its own."""
+    sees the entries up to and including its own. `positions`: arange(at least m) on q's
+    device, from which the mask is one comparison."""
     n, m = q.shape[0], k.shape[0]
     # 4-D [1, heads, tokens, hd]: on CPU, 3-D inputs miss SDPA's fused kernel (2.5x slower for
     # a draft step's one query, 4x for a prompt's observe).
@@ -262,7 +291,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     if n == m or n == 1:  # the whole context (a prompt) or one query that sees all of it
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=n > 1, enable_gqa=True)
     else:
-        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(diagonal=m - n)
+        mask = positions[:m] <= positions[m - n : m, None]
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
 
@@ -312,7 +341,8 @@ class Eagle3Drafter(Drafter):
         self.aux_layer_ids = aux_layer_ids
         self.contexts: weakref.WeakKeyDictionary[Sequence, _Context] = weakref.WeakKeyDictionary()
         self._device = head.fc.weight.device
-        self._positions = torch.arange(head.spec.max_position_embeddings, device=self._device)
+        self.max_positions = head.spec.max_position_embeddings
+        self._positions = torch.arange(self.max_positions, device=self._device)
 
     @torch.inference_mode()
     def observe(self, entries: list[tuple[Sequence, int, torch.Tensor]]) -> None:
@@ -320,7 +350,7 @@ class Eagle3Drafter(Drafter):
         attention per sequence over its own context."""
         work: list[tuple[_Context, int]] = []
         tokens: list[int] = []
-        states, positions = [], []
+        states, ropes = [], []
         for seq, start, aux_hidden in entries:
             ctx = self.contexts.get(seq)
             if ctx is None or ctx.next_position != start:  # new, recomputed after preemption, or a gap
@@ -332,7 +362,7 @@ class Eagle3Drafter(Drafter):
                 ctx = self.contexts[seq] = _Context(start, drafts=start <= seq.num_prompt_tokens)
             following = seq.token_ids[start + 1 : start + 1 + aux_hidden.shape[0]]  # each row's next token
             n = len(following)
-            if start + n + self.k > len(self._positions):  # past the head's context: it drafts no more
+            if start + n + self.k > self.max_positions:  # past the head's context: it drafts no more
                 self.contexts.pop(seq, None)
                 continue
             if n and not ctx.drafts:  # it will never draft: keep its place, spare the head the work
@@ -341,23 +371,23 @@ class Eagle3Drafter(Drafter):
                 work.append((ctx, n))
                 tokens.extend(following)
                 states.append(aux_hidden[:n])
-                positions.append(self._positions[start : start + n])
+                ropes.append(self.draft.rope_table[start : start + n])
                 ctx.next_position = start + n
         if not work:
             return
         draft = self.draft
         token_ids = torch.tensor(tokens, device=self._device)
-        residual = draft.fuse(torch.cat(states))
-        q, k, v = draft.attention_inputs(token_ids, residual, torch.cat(positions))
+        residual = draft.fuse(_joined(states))
+        q, k, v = draft.attention_inputs(token_ids, residual, _joined(ropes))
         outs, row = [], 0
         for ctx, n in work:
             if ctx.kv is None:
                 ctx.kv = _KV(k, max(64, 2 * n + self.k))
             k_all, v_all = ctx.kv.extend(k[row : row + n], v[row : row + n], ctx.observed)
-            outs.append(causal_attention(q[row : row + n], k_all, v_all))
+            outs.append(causal_attention(q[row : row + n], k_all, v_all, self._positions))
             ctx.observed += n
             row += n
-        out = draft.finish(torch.cat(outs) if len(outs) > 1 else outs[0], residual)
+        out = draft.finish(_joined(outs), residual)
         row = 0
         for ctx, n in work:
             row += n
@@ -381,18 +411,21 @@ class Eagle3Drafter(Drafter):
         if not active:
             return drafts
         draft = self.draft
-        state = torch.cat([ctx.last_state for _, ctx, _ in active]) if len(active) > 1 else active[0][1].last_state
+        state = _joined([ctx.last_state for _, ctx, _ in active])
         token = draft.next_tokens(state)
         guesses = [token]
-        first = torch.tensor([ctx.next_position for _, ctx, _ in active], device=self._device)
-        for j in range(max(n for _, _, n in active) - 1):
-            q, k, v = draft.attention_inputs(token, state, first + j)
+        steps = max(n for _, _, n in active) - 1
+        # Each sequence's rotary rows for the run's positions, [seqs, steps, ...] (a view for one).
+        ropes = [draft.rope_table[ctx.next_position : ctx.next_position + steps] for _, ctx, _ in active]
+        rope = ropes[0][None] if len(ropes) == 1 else torch.stack(ropes)
+        for j in range(steps):
+            q, k, v = draft.attention_inputs(token, state, rope[:, j])
             outs = []
             for r, (_, ctx, _) in enumerate(active):
                 # Entries past the observed ones are scratch: the next observe overwrites them.
                 k_all, v_all = ctx.kv.extend(k[r : r + 1], v[r : r + 1], ctx.observed + j)
-                outs.append(causal_attention(q[r : r + 1], k_all, v_all))
-            state = draft.finish(torch.cat(outs) if len(outs) > 1 else outs[0], state)
+                outs.append(causal_attention(q[r : r + 1], k_all, v_all, self._positions))
+            state = draft.finish(_joined(outs), state)
             token = draft.next_tokens(state)
             guesses.append(token)
         table = torch.stack(guesses, dim=1).tolist()
