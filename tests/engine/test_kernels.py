@@ -104,6 +104,28 @@ def test_prefill_reference_equals_dense_causal_attention():
     assert torch.allclose(out, dense, atol=1e-5)
 
 
+@pytest.mark.parametrize("new", [3, paged_attention.ADDITIVE_MASK_MAX_QUERIES + 8])
+def test_prefill_reference_after_a_cached_prefix_equals_dense_attention(new):
+    """A chunk after cached context (a verify step's few queries get an additive mask, a long
+    chunk a boolean one) attends to the prefix and causally within itself."""
+    torch.manual_seed(2)
+    total = 50 + new
+    k, v, q = torch.randn(total, 2, 8), torch.randn(total, 2, 8), torch.randn(new, 4, 8)
+    kc, vc = torch.zeros(32, 4, 2, 8), torch.zeros(32, 4, 2, 8)
+    table = torch.randperm(32)[: -(-total // 4)][None].to(torch.int32)
+    slots = torch.tensor([int(table[0, p // 4]) * 4 + p % 4 for p in range(total)])
+    kv_write.write_kv_ref(k, v, kc, vc, slots)
+    cu, ctx = torch.tensor([0, new]), torch.tensor([total])
+    plan = paged_attention.plan_prefill(table, cu, ctx, 4, torch.float32)
+    assert plan[0].mask.dtype == (torch.float32 if new <= paged_attention.ADDITIVE_MASK_MAX_QUERIES else torch.bool)
+    out = paged_attention.paged_prefill_ref(q, kc, vc, table, cu, ctx, 0.3, plan)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, kk) * 0.3
+    future = torch.arange(total)[None, :] > torch.arange(total - new, total)[:, None]
+    dense = torch.einsum("hqk,khd->qhd", scores.masked_fill(future, float("-inf")).softmax(-1), vv)
+    assert torch.allclose(out, dense, atol=1e-5)
+
+
 def test_paged_decode_ref_groups_very_different_lengths_without_changing_results(dtype):
     blocks, bs, kv_heads, head_dim = 40, 8, 2, 32
     kc, vc = rand(blocks, bs, kv_heads, head_dim, dtype=dtype), rand(blocks, bs, kv_heads, head_dim, dtype=dtype)

@@ -107,7 +107,11 @@ class ModelRunner:
             meta.prefill_block_tables = self._tensor(plan.prefill_block_tables, torch.int32)
             if self.kv_layout.kind == "dense" and not kernels.use_triton(meta.prefill_block_tables):
                 meta.prefill_plan = kernels.plan_prefill(  # MLA's prefill (layers/mla.py) needs none
-                    meta.prefill_block_tables, meta.prefill_cu_q_lens, meta.prefill_context_lens, self.block_size
+                    meta.prefill_block_tables,
+                    meta.prefill_cu_q_lens,
+                    meta.prefill_context_lens,
+                    self.block_size,
+                    self.kv_cache.dtype,
                 )
         if plan.decode_context_lens:
             meta.decode_context_lens = self._tensor(plan.decode_context_lens, torch.int32)

@@ -98,14 +98,22 @@ class PrefillChunk:
     end: int
     blocks: torch.Tensor  # [n_blocks] (int64) the blocks holding its context
     context_len: int  # tokens in the cache, the chunk's own included
-    mask: torch.Tensor | None  # [chunk, context] causal mask after cached context; None: none cached
+    # [chunk, context] causal mask after cached context (boolean, or additive for a short chunk);
+    # None: none cached
+    mask: torch.Tensor | None
 
 
-def plan_prefill(block_tables, cu_q_lens, context_lens, block_size: int) -> list[PrefillChunk]:
+# A chunk of at most this many queries gets an additive mask (0 / -inf in the attention's dtype):
+# SDPA on CPU turns a boolean mask into one in every layer (a verify step's chunk paid ~5 us a
+# layer for it), while a long chunk's additive mask would hold 4x the bytes of a boolean one
+# all step.
+ADDITIVE_MASK_MAX_QUERIES = 32
+
+
+def plan_prefill(block_tables, cu_q_lens, context_lens, block_size: int, dtype: torch.dtype) -> list[PrefillChunk]:
     """The part of prefill attention that is the same in every layer (block ids, the causal
     mask of a chunk that follows cached context), so a step builds it once: a verify step's
-    short chunk costs per layer little more than a decode does. The mask stays boolean (an
-    additive one saved SDPA ~6 us a call, but a long chunk's would hold 4x the memory all step)."""
+    short chunk costs per layer little more than a decode does."""
     starts, ctxs = cu_q_lens.tolist(), context_lens.tolist()
     device = block_tables.device
     plan = []
@@ -115,6 +123,8 @@ def plan_prefill(block_tables, cu_q_lens, context_lens, block_size: int) -> list
         if n_q != ctx:
             qpos = torch.arange(ctx - n_q, ctx, device=device)
             mask = torch.arange(ctx, device=device)[None, :] <= qpos[:, None]
+            if n_q <= ADDITIVE_MASK_MAX_QUERIES:
+                mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
         blocks = block_tables[i, : -(-ctx // block_size)].long()
         plan.append(PrefillChunk(starts[i], starts[i + 1], blocks, ctx, mask))
     return plan
@@ -125,7 +135,7 @@ def paged_prefill_ref(
 ) -> torch.Tensor:
     """`plan`: this step's `plan_prefill(...)`, when the caller made it once for all layers."""
     if plan is None:
-        plan = plan_prefill(block_tables, cu_q_lens, context_lens, k_cache.shape[1])
+        plan = plan_prefill(block_tables, cu_q_lens, context_lens, k_cache.shape[1], q.dtype)
     if len(plan) == 1:  # one sequence: its output is the whole output
         return _prefill_chunk(q, k_cache, v_cache, plan[0], scale).contiguous()
     out = torch.empty_like(q)
