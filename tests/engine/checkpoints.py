@@ -196,7 +196,7 @@ def build_eagle3_head(
     """A random-weight EAGLE-3 head for the target in `target_dir`, in the SpecForge layout
     (workers/protocol/draft_models.py). With a smaller `draft_vocab_size` the draft vocabulary
     is the first target ids (d2t all zeros, t2d true for those). Its RMSNorm weights are ones,
-    or with `random_norms` random around one (as a trained head's are)."""
+    or with `random_norms` random in [0.5, 1.5] (a trained head's are not ones)."""
     from safetensors.torch import save_file
 
     from workers.protocol.draft_models import Eagle3Spec, expected_shapes
@@ -211,7 +211,7 @@ def build_eagle3_head(
     tensors = {}
     for name, shape in expected_shapes(spec).items():
         if name.endswith("norm.weight"):
-            tensors[name] = 1 + 0.5 * torch.randn(shape, generator=generator) if random_norms else torch.ones(shape)
+            tensors[name] = 0.5 + torch.rand(shape, generator=generator) if random_norms else torch.ones(shape)
         elif name == "d2t":
             tensors[name] = torch.zeros(shape, dtype=torch.int64)
         else:

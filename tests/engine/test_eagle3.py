@@ -16,7 +16,7 @@ from workers.engine import LLM, SamplingParams
 from workers.engine.config import rope_from
 from workers.engine.errors import ModelLoadError, RequestError
 from workers.engine.spec import SpeculativeConfig
-from workers.engine.spec.eagle3 import Eagle3Head, fold_norm_weights
+from workers.engine.spec.eagle3 import NORMS, DraftPass, Eagle3Head, fold_norm_weights
 from workers.protocol.draft_models import read_eagle3
 from workers.spec.train_eagle3 import TargetFeatures, unroll
 
@@ -66,32 +66,35 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
     assert not engine.drafter.contexts, "finished sequences' head context is released"
 
 
-def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path):
+@pytest.mark.parametrize("complex_rope", [True, False])
+def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path, complex_rope):
     """The engine's drafting (observe, then k steps on its own states; norm weights folded into
-    the matmuls, the rotary as a complex multiply) and the trainer's unrolled forward of the
-    checkpoint are the same computation: fed the engine's own drafts as the tokens, the
-    trainer's step-j prediction at the last position is the engine's j-th draft."""
+    the matmuls; the rotary as a complex multiply on CPU, or the rotary kernel as on a GPU) and
+    the trainer's unrolled forward of the checkpoint are the same computation: fed the engine's
+    own drafts as the tokens, the trainer's step-j prediction at the last position is the
+    engine's j-th draft, for two sequences of different lengths drafted together."""
     model_dir = checkpoint_factory("llama")
     head_dir = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=128, seed=3, random_norms=True)
     llm = eagle(model_dir, head_dir, k=4)
     engine = llm.engine
-    prompt = PROMPTS[0]
-    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    engine.step()  # prefill: the head observes the prompt, the first token is sampled
-    seq = engine.requests["r"]
-    drafts = engine.drafter.propose([seq], [4])[0]
-    assert len(drafts) == 4
-    tokens = seq.token_ids + drafts
+    engine.drafter.draft = DraftPass(engine.drafter.head, complex_rope=complex_rope)
+    prompts = {"r": PROMPTS[0], "s": PROMPTS[2][:41]}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()  # prefill: the head observes both prompts, each samples its first token
+    seqs = [engine.requests[rid] for rid in prompts]
+    drafted = engine.drafter.propose(seqs, [4, 4])
     checkpoint = unfolded_head(head_dir, model_dir)
     features = TargetFeatures(model_dir, engine.drafter.aux_layer_ids)
-    ids = torch.tensor([tokens])
-    aux = features(ids, torch.ones_like(ids))
-    with torch.no_grad():
-        logits = unroll(checkpoint, aux, ids, 4)
-    p = seq.num_tokens - 2  # the last position with a target state the head observed
-    predicted = [int(checkpoint.to_target(step[0, p].argmax())) for step in logits]
-    assert predicted == drafts
-    engine.abort_request("r")
+    for seq, drafts in zip(seqs, drafted, strict=True):
+        assert len(drafts) == 4
+        ids = torch.tensor([seq.token_ids + drafts])
+        with torch.no_grad():
+            logits = unroll(checkpoint, features(ids, torch.ones_like(ids)), ids, 4)
+        p = seq.num_tokens - 2  # the last position with a target state the head observed
+        assert [int(checkpoint.to_target(step[0, p].argmax())) for step in logits] == drafts
+    for rid in prompts:
+        engine.abort_request(rid)
 
 
 def unfolded_head(head_dir, model_dir) -> Eagle3Head:
@@ -111,9 +114,11 @@ def test_folding_the_norm_weights_keeps_the_heads_function(checkpoint_factory, t
     head_dir = build_eagle3_head(tmp_path / "head", model_dir, seed=4, random_norms=True)
     head, folded = unfolded_head(head_dir, model_dir), unfolded_head(head_dir, model_dir)
     assert not torch.equal(head.norm.weight, torch.ones_like(head.norm.weight))
+    with pytest.raises(ValueError, match="norm weights folded"):
+        DraftPass(folded)  # drafting assumes the weights are in the matmuls
     fold_norm_weights(folded)
-    for norm in (folded.input_layernorm, folded.hidden_norm, folded.post_attention_layernorm, folded.norm):
-        assert torch.equal(norm.weight, torch.ones_like(norm.weight))
+    for name in NORMS:
+        assert torch.equal(getattr(folded, name).weight, torch.ones_like(folded.norm.weight))
     generator = torch.Generator().manual_seed(0)
     aux = torch.randn(2, 9, 3 * head.spec.target_hidden_size, generator=generator)
     ids = torch.randint(0, head.spec.vocab_size, (2, 9), generator=generator)

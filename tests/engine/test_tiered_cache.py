@@ -153,9 +153,10 @@ import json, sys, time
 from workers.engine import LLM, SamplingParams
 model, tiers, prompt = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=24, kv_tiers=tiers)
+# The store client connects in the background, and a turn that ends before it does is not shared.
 deadline = time.monotonic() + 30
-while not llm.engine.tiers.store.stats.available:  # it connects in the background; a turn that
-    assert time.monotonic() < deadline, "the store client never connected"  # ends before is not shared
+while not llm.engine.tiers.store.stats.available:
+    assert time.monotonic() < deadline, "the store client never connected"
     time.sleep(0.05)
 llm.engine.add_request("turn", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
                        session_turn=True)

@@ -23,7 +23,11 @@ def test_views_and_no_ops_are_not_counted_kernels_are():
         y = y + 1
         torch.rms_norm(x, (8,))
         x.to(torch.float64)  # a real conversion
-    assert kernels.ops == 4 and y.shape == (4, 3)
+        x.t().reshape(-1)  # a reshape that has to copy
+    assert kernels.ops == 5 and y.shape == (4, 3)
+    with OpCounter() as views:
+        x.reshape(2, 16)  # one that does not
+    assert views.ops == 0
 
 
 class Adder:

@@ -375,7 +375,7 @@ def run(args) -> int:
         hits, total = _lookup_oracle(prompts[w][: len(reference)], reference)
         say(
             f"  {w}: {hits} of {total} answer tokens after the first follow an earlier occurrence of the "
-            "2..4 tokens before them (prompt lookup can guess no others)"
+            "2..4 tokens before them (prompt lookup with n >= 2, the default, can guess no others)"
         )
 
     print(json.dumps({"runs": [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]}))

@@ -24,19 +24,21 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that run no kernel on any device: views (they only re-describe a tensor), allocation, and
-# no-ops (a conversion to the dtype a tensor has, detaching in inference mode).
+# no-ops (a conversion to the dtype a tensor has, detaching in inference mode). A reshape or
+# flatten that had to copy is counted (COPY_IF_NEEDED).
 FREE_OPS = frozenset(
     """alias as_strided chunk detach detach_ expand flatten lift_fresh narrow permute reshape
     resolve_conj resolve_neg select slice split split_with_sizes squeeze t transpose unbind
     unflatten unsqueeze view view_as_complex view_as_real _reshape_alias _unsafe_view empty empty_like
     empty_strided""".split()  # noqa: SIM905
 )
+COPY_IF_NEEDED = frozenset({"reshape", "flatten"})
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it that run a kernel (FREE_OPS left out, and `to`
-    when it returns its input). Meant for inference mode, as the engine runs: there composite
-    ops such as matmul and rms_norm arrive whole, one kernel each on a GPU."""
+    """Counts the aten ops dispatched inside it that run a kernel (FREE_OPS left out, unless a
+    reshape copied; `to` when it returns its input). Meant for inference mode, as the engine
+    runs: there composite ops such as matmul and rms_norm arrive whole, one kernel each on a GPU."""
 
     def __init__(self):
         super().__init__()
@@ -45,7 +47,10 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         name = func.__name__.split(".")[0]
-        if name not in FREE_OPS and not (name == "to" and result is args[0]):
+        if name in COPY_IF_NEEDED:
+            copied = result.untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr()
+            self.ops += copied
+        elif name not in FREE_OPS and not (name == "to" and result is args[0]):
             self.ops += 1
         return result
 
@@ -74,7 +79,8 @@ def counting(target, name: str, counts: list[int]):
 
 
 def linear_bytes(*modules: nn.Module) -> int:
-    """Bytes of the 2-D weights of the linear layers in `modules` (a tied LM head once)."""
+    """Bytes of the 2-D weights of the `nn.Linear` layers in `modules` (a tied LM head once;
+    quantized layers, which are not nn.Linear, are not counted)."""
     seen: set[int] = set()
     total = 0
     for module in modules:

@@ -105,8 +105,8 @@ class PrefillChunk:
 
 # A chunk of at most this many queries gets an additive mask (0 / -inf in the attention's dtype):
 # SDPA on CPU turns a boolean mask into one in every layer (a verify step's chunk paid ~5 us a
-# layer for it), while a long chunk's additive mask would hold 4x the bytes of a boolean one
-# all step.
+# layer for it), while a long chunk's additive mask would hold 2-4x the bytes of a boolean one
+# (bf16-fp32) all step.
 ADDITIVE_MASK_MAX_QUERIES = 32
 
 

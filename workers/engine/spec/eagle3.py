@@ -164,35 +164,39 @@ class Eagle3Head(nn.Module):
             raise ModelLoadError("the EAGLE-3 head's d2t maps draft ids outside the target vocabulary")
 
 
+NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")
+
+
 def fold_norm_weights(head: Eagle3Head) -> None:
     """Fold each RMSNorm's weight into the linear layer that reads the norm's output, and set
-    the norm's weight to 1: the head computes the same function (up to rounding). Drafting then
-    normalises the token's embedding and the state side by side in one op, where it took two,
-    and picks its guess from the state without the final norm (it scales each row by a positive
-    number, which keeps the argmax)."""
+    the norm's weight to 1: the head computes the same function (up to rounding), and drafting
+    (`DraftPass`) normalises with fewer ops."""
     with torch.no_grad():
         head.qkv_proj.weight.mul_(torch.cat((head.input_layernorm.weight, head.hidden_norm.weight)))
         head.gate_up_proj.weight.mul_(head.post_attention_layernorm.weight)
         head.lm_head.weight.mul_(head.norm.weight)
-        for norm in (head.input_layernorm, head.hidden_norm, head.post_attention_layernorm, head.norm):
-            norm.weight.fill_(1.0)
+        for name in NORMS:
+            getattr(head, name).weight.fill_(1.0)
 
 
 class DraftPass:
     """The head's forward for drafting, as bare tensor ops on tensors taken from it once.
 
-    A draft run is a few dozen small ops a sequence, and on a small model each op costs about
-    the same whatever its size (CPU dispatch, GPU launches), so the run is written for few ops:
-    no module calls, residual adds inside `addmm`, norm weights folded into the next matmul
-    (`fold_norm_weights`), rotary positions gathered once a run, and on CPU in fp32 the rotary
-    as one complex multiply (q and k come out with each head's dims paired (0, d/2), (1, d/2+1)
-    .. side by side: the same permutation of both, so attention scores are unchanged, and the
-    head's K/V are only ever read by this pass). The modules (Eagle3Head's pieces) stay the
-    definition: training differentiates through them, and tests check that the engine's drafts
-    are the trained head's predictions."""
+    On a model this small each op costs about the same whatever its size (CPU dispatch, GPU
+    launches), so the pass is written for few ops: no module calls, residual adds inside
+    `addmm`, the norms' weights in the matmuls after them (a folded head: `fold_norm_weights`),
+    the rotary rows of a run gathered once, and on CPU in fp32 the rotary as one complex multiply.
+    The modules (Eagle3Head's pieces) stay the definition: training differentiates through them,
+    and tests check that the engine's drafts are the trained head's predictions."""
 
-    def __init__(self, head: Eagle3Head):
+    def __init__(self, head: Eagle3Head, complex_rope: bool | None = None):
+        """`complex_rope`: turn q and k as complex numbers (default: on CPU in fp32). Each head's
+        dims then come out paired, (0, d/2), (1, d/2 + 1) .. side by side: the same permutation
+        of q and k, so attention scores are unchanged, and only this pass reads the head's K/V."""
         spec = head.spec
+        unfolded = [name for name in NORMS if not bool((getattr(head, name).weight == 1).all())]
+        if unfolded:
+            raise ValueError(f"DraftPass needs a head with its norm weights folded (fold_norm_weights): {unfolded}")
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.qk_size = head.q_size + head.kv_size
         self.q_size = head.q_size
@@ -204,14 +208,18 @@ class DraftPass:
         self.fc, self.qkv, self.o, self.gate_up, self.down, self.lm_head = (
             weight(m) for m in (head.fc, head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj, head.lm_head)
         )
-        self.unit = head.norm.weight  # all ones: the norms' weights are in the matmuls after them
+        self.ones = torch.ones_like(head.norm.weight)  # every norm's weight, once folded
         self.embed = head.embed_tokens.weight
         cos_sin = head.cos_sin
-        self.complex_rope = cos_sin.device.type == "cpu" and self.fc.dtype == torch.float32
-        if self.complex_rope:  # cos + i sin, one row a position
+        if complex_rope is None:
+            complex_rope = cos_sin.device.type == "cpu" and self.fc.dtype == torch.float32
+        self.complex_rope = complex_rope
+        if complex_rope:  # cos + i sin, one row a position (a copy of the head's table's size)
             half = self.head_dim // 2
             cos_sin = torch.complex(cos_sin[:, :half].float(), cos_sin[:, half:].float())
         self.rope_table = cos_sin  # row p turns an entry at position p (`attention_inputs`)
+        # fp16 keeps the final norm: an unnormalised state's logits can pass its range.
+        self.final_norm = self.fc.dtype == torch.float16
         # None: the draft ids are the target's (a full-vocabulary head, d2t all zeros), no gather.
         d2t = head.draft_to_target
         same = torch.equal(d2t, torch.arange(spec.vocab_size, device=d2t.device))
@@ -222,28 +230,32 @@ class DraftPass:
 
     def attention_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor, rope: torch.Tensor):
         """(q, k, v) for entries of (token, state) turned by their rows of `rope_table`, as
-        Eagle3Head.attention_inputs (the residual is `hidden` itself)."""
+        Eagle3Head.attention_inputs (the residual is `hidden` itself). The embedding and the
+        state are normalised side by side, one op."""
         n = hidden.shape[0]
         x = torch.cat((self.embed.index_select(0, token_ids), hidden), dim=-1).view(n, 2, -1)
-        qkv = kernels.rms_norm(x, self.unit, self.eps).view(n, -1) @ self.qkv
-        heads, hd = self.heads + self.kv_heads, self.head_dim
-        if self.complex_rope:  # (x1 + i x2)(cos + i sin): the rotate-half rotary, dims paired
-            pairs = qkv[:, : self.qk_size].view(n, heads, 2, hd // 2).transpose(-1, -2).contiguous()
-            turned = torch.view_as_real(torch.view_as_complex(pairs) * rope[:, None]).view(n, heads, hd)
+        qkv = kernels.rms_norm(x, self.ones, self.eps).view(n, -1) @ self.qkv
+        qk_heads, hd = self.heads + self.kv_heads, self.head_dim
+        if self.complex_rope:  # (x1 + i x2)(cos + i sin) is the rotate-half rotary
+            pairs = qkv[:, : self.qk_size].view(n, qk_heads, 2, hd // 2).transpose(-1, -2).contiguous()
+            turned = torch.view_as_real(torch.view_as_complex(pairs) * rope[:, None]).view(n, qk_heads, hd)
         else:
-            turned = kernels.apply_rotary(qkv[:, : self.qk_size].view(n, heads, hd), rope)
+            turned = kernels.apply_rotary(qkv[:, : self.qk_size].view(n, qk_heads, hd), rope)
         v = qkv[:, self.qk_size :].view(n, self.kv_heads, hd)
         return turned[:, : self.heads], turned[:, self.heads :], v
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         residual = torch.addmm(residual, attn_out.reshape(-1, self.q_size), self.o)
-        gate_up = kernels.rms_norm(residual, self.unit, self.eps) @ self.gate_up
+        gate_up = kernels.rms_norm(residual, self.ones, self.eps) @ self.gate_up
         act = kernels.silu_and_mul(gate_up)
         return torch.addmm(residual, act, self.down)
 
     def next_tokens(self, state: torch.Tensor) -> torch.Tensor:
-        """The greedy guess (target ids) of each state before the final norm (which, its weight
-        folded into the LM head, would only scale the row)."""
+        """The greedy guess (target ids) of each state before the final norm, which only scales
+        the row by a positive number once its weight is in the LM head (so it keeps the argmax,
+        up to rounding) and is skipped but in fp16."""
+        if self.final_norm:
+            state = kernels.rms_norm(state, self.ones, self.eps)
         ids = (state @ self.lm_head).argmax(dim=-1)
         return ids if self.draft_to_target is None else self.draft_to_target[ids]
 
@@ -255,7 +267,9 @@ def load_eagle3(
     device: torch.device,
     dtype: torch.dtype,
 ) -> Eagle3Head:
-    """The head in `draft_dir`, checked against its target, on `device` in `dtype`, for inference."""
+    """The head in `draft_dir`, checked against its target, on `device` in `dtype`, for inference:
+    its norm weights folded into its matmuls (`fold_norm_weights`, before the cast, so the
+    products are rounded once), so its parameters are no longer the checkpoint's."""
     from workers.engine.loader import iter_tensors
     from workers.protocol.draft_models import draft_fit_problems
 
@@ -269,8 +283,8 @@ def load_eagle3(
         raise ModelLoadError(f"draft {draft_dir} does not fit the target: {'; '.join(problems)}")
     head = Eagle3Head(spec, rope_from(raw), target_embed)
     head.load_weights(dict(iter_tensors(draft_dir)))
-    head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
     fold_norm_weights(head)
+    head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
     prepare_linears(head)
     return head.eval()
 
@@ -280,9 +294,9 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arange: torch.Tensor) -> torch.Tensor:
     """q [n, heads, hd] for the last n of the m entries in k/v [m, kv_heads, hd]; each query
-    sees the entries up to and including its own. `positions`: arange(at least m) on q's
+    sees the entries up to and including its own. `arange`: 0, 1, .. (at least m) on q's
     device, from which the mask is one comparison."""
     n, m = q.shape[0], k.shape[0]
     # 4-D [1, heads, tokens, hd]: on CPU, 3-D inputs miss SDPA's fused kernel (2.5x slower for
@@ -291,7 +305,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     if n == m or n == 1:  # the whole context (a prompt) or one query that sees all of it
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=n > 1, enable_gqa=True)
     else:
-        mask = positions[:m] <= positions[m - n : m, None]
+        mask = arange[:m] <= arange[m - n : m, None]
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
 
@@ -342,7 +356,7 @@ class Eagle3Drafter(Drafter):
         self.contexts: weakref.WeakKeyDictionary[Sequence, _Context] = weakref.WeakKeyDictionary()
         self._device = head.fc.weight.device
         self.max_positions = head.spec.max_position_embeddings
-        self._positions = torch.arange(self.max_positions, device=self._device)
+        self._arange = torch.arange(self.max_positions, device=self._device)
 
     @torch.inference_mode()
     def observe(self, entries: list[tuple[Sequence, int, torch.Tensor]]) -> None:
@@ -384,7 +398,7 @@ class Eagle3Drafter(Drafter):
             if ctx.kv is None:
                 ctx.kv = _KV(k, max(64, 2 * n + self.k))
             k_all, v_all = ctx.kv.extend(k[row : row + n], v[row : row + n], ctx.observed)
-            outs.append(causal_attention(q[row : row + n], k_all, v_all, self._positions))
+            outs.append(causal_attention(q[row : row + n], k_all, v_all, self._arange))
             ctx.observed += n
             row += n
         out = draft.finish(_joined(outs), residual)
@@ -415,16 +429,17 @@ class Eagle3Drafter(Drafter):
         token = draft.next_tokens(state)
         guesses = [token]
         steps = max(n for _, _, n in active) - 1
-        # Each sequence's rotary rows for the run's positions, [seqs, steps, ...] (a view for one).
+        # The rotary rows of the run's positions, [steps, seqs, ...]: step j's rows contiguous
+        # (a view for one sequence).
         ropes = [draft.rope_table[ctx.next_position : ctx.next_position + steps] for _, ctx, _ in active]
-        rope = ropes[0][None] if len(ropes) == 1 else torch.stack(ropes)
+        rope = ropes[0][:, None] if len(ropes) == 1 else torch.stack(ropes, dim=1)
         for j in range(steps):
-            q, k, v = draft.attention_inputs(token, state, rope[:, j])
+            q, k, v = draft.attention_inputs(token, state, rope[j])
             outs = []
             for r, (_, ctx, _) in enumerate(active):
                 # Entries past the observed ones are scratch: the next observe overwrites them.
                 k_all, v_all = ctx.kv.extend(k[r : r + 1], v[r : r + 1], ctx.observed + j)
-                outs.append(causal_attention(q[r : r + 1], k_all, v_all, self._positions))
+                outs.append(causal_attention(q[r : r + 1], k_all, v_all, self._arange))
             state = draft.finish(_joined(outs), state)
             token = draft.next_tokens(state)
             guesses.append(token)
