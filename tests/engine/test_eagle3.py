@@ -20,7 +20,7 @@ from workers.engine.spec.eagle3 import NORMS, DraftPass, Eagle3Head, fold_norm_w
 from workers.protocol.draft_models import read_eagle3
 from workers.spec.train_eagle3 import TargetFeatures, unroll
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "deepseek_v3", "kimi_k2"]
 DEMO_MODEL = "workers/demo/model"
 DEMO_DRAFT = "workers/demo/draft"
 
@@ -66,14 +66,15 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
     assert not engine.drafter.contexts, "finished sequences' head context is released"
 
 
-@pytest.mark.parametrize("complex_rope", [True, False])
-def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path, complex_rope):
+@pytest.mark.parametrize(("arch", "complex_rope"), [("llama", True), ("llama", False), ("deepseek_v3", True)])
+def test_drafts_are_what_the_trained_head_predicts(checkpoint_factory, tmp_path, arch, complex_rope):
     """The engine's drafting (observe, then k steps on its own states; norm weights folded into
     the matmuls; the rotary as a complex multiply on CPU, or the rotary kernel as on a GPU) and
     the trainer's unrolled forward of the checkpoint are the same computation: fed the engine's
     own drafts as the tokens, the trainer's step-j prediction at the last position is the
-    engine's j-th draft, for two sequences of different lengths drafted together."""
-    model_dir = checkpoint_factory("llama")
+    engine's j-th draft, for two sequences of different lengths drafted together. The target's
+    aux states are transformers' too (its decoder layers' outputs, hooked)."""
+    model_dir = checkpoint_factory(arch)
     head_dir = build_eagle3_head(tmp_path / "head", model_dir, draft_vocab_size=128, seed=3, random_norms=True)
     llm = eagle(model_dir, head_dir, k=4)
     engine = llm.engine
@@ -224,3 +225,26 @@ def test_a_head_that_missed_part_of_the_answer_does_not_draft():
     got = [o.outputs[0] for o in alone.generate([prompts[2]], params[2])]
     assert got[0].token_ids == want[2].token_ids
     assert alone.engine.spec_stats()["num_drafts"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
+def test_the_trainer_writes_a_head_the_engine_loads(checkpoint_factory, tmp_path, arch, capsys):
+    """`python -m workers.spec.train_eagle3` end to end, a few steps: the target answers the
+    prompts, the head trains on its aux states, and the directory it writes is a head the
+    engine loads for that target and drafts with, outputs unchanged."""
+    from workers.spec.train_eagle3 import main
+
+    model_dir = checkpoint_factory(arch)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "head"
+    argv = ["--target", str(model_dir), "--data", str(data), "--out", str(out), "--steps", "3", "--batch", "2"]
+    assert main([*argv, "--max-new-tokens", "12", "--draft-vocab", "64"]) == 0
+    assert "saved" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64 and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    spec = eagle(model_dir, out, spec={"draft_backoff": 0})
+    want = generate(plain(model_dir), PROMPTS[:2], GREEDY)
+    for got, w in zip(generate(spec, PROMPTS[:2], GREEDY), want, strict=True):
+        assert_same(got, w)
+    assert spec.engine.spec_stats()["num_drafts"] > 0

@@ -28,6 +28,7 @@ from workers.engine.layers.moe import ExpertLinears, Experts, MoE
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.models.aux_states import AuxStates, run_layers
 from workers.protocol.quantization import QuantConfig
 
 
@@ -114,12 +115,14 @@ class DeepseekV3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Layers whose outputs an EAGLE-3 head reads (aux_states.py).
+        self.aux_layer_ids: tuple[int, ...] = ()
+        self.aux_hidden_states: torch.Tensor | None = None
 
     def forward(self, input_ids, positions, cos_sin, meta):
         x = self.embed_tokens(input_ids)
         rope = cos_sin.index_select(0, positions)
-        for layer in self.layers:
-            x = layer(x, rope, meta)
+        x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids)
         return self.norm(x)
 
 
@@ -129,10 +132,7 @@ _EXPERT = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-class DeepseekV3ForCausalLM(nn.Module):
-    aux_hidden_states = None
-    supports_eagle3 = False  # no aux hidden states (spec/__init__.py refuses the method)
-
+class DeepseekV3ForCausalLM(AuxStates, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -159,9 +159,6 @@ class DeepseekV3ForCausalLM(nn.Module):
     def forward(self, input_ids, positions, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids, positions, self.cos_sin, meta)
         return self.lm_head(hidden.index_select(0, logits_indices)).float()
-
-    def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
-        raise ModelLoadError("EAGLE-3 drafting is not built for DeepseekV3ForCausalLM; use speculative method 'ngram'")
 
     def kv_cache_modules(self) -> list[MLAttention]:
         return [layer.self_attn for layer in self.model.layers]

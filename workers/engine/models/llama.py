@@ -22,6 +22,7 @@ from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.models.aux_states import AuxStates, run_layers
 
 
 class Attention(nn.Module):
@@ -95,20 +96,14 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, f"model.layers.{i}") for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # Layers whose outputs an EAGLE-3 head reads (LlamaForCausalLM.capture_aux_hidden_states).
+        # Layers whose outputs an EAGLE-3 head reads (aux_states.py).
         self.aux_layer_ids: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
 
     def forward(self, input_ids, positions, cos_sin, meta):
         x = self.embed_tokens(input_ids)
         rope = cos_sin.index_select(0, positions)  # each token's cos/sin row, shared by every layer
-        kept = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, meta)
-            if i in self.aux_layer_ids:
-                kept[i] = x
-        if kept:  # in the order named (a shallow model may name a layer twice)
-            self.aux_hidden_states = torch.cat([kept[i] for i in self.aux_layer_ids], dim=-1)
+        x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids)
         return self.norm(x)
 
 
@@ -119,7 +114,7 @@ _STACKED = {
 }
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(AuxStates, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -148,18 +143,6 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states of every token; logits (fp32) only at `logits_indices`."""
         hidden = self.model(input_ids, positions, self.cos_sin, meta)
         return self.lm_head(hidden.index_select(0, logits_indices)).float()
-
-    def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
-        """From now on each forward keeps the outputs of these decoder layers (the residual
-        stream after them) for every token, side by side: `aux_hidden_states` [tokens, n·hidden]."""
-        bad = [i for i in layer_ids if not 0 <= i < self.config.num_layers]
-        if bad:
-            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
-        self.model.aux_layer_ids = tuple(layer_ids)
-
-    @property
-    def aux_hidden_states(self) -> torch.Tensor | None:
-        return self.model.aux_hidden_states
 
     def kv_cache_modules(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]

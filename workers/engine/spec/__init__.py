@@ -22,7 +22,7 @@ def make_drafter(
     own, and the target is told which layers' states to keep."""
     if config.method == "ngram":
         return NgramDrafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
-    if not getattr(target, "supports_eagle3", True):
+    if not hasattr(target, "capture_aux_hidden_states"):  # its forward keeps no aux states (models/aux_states.py)
         raise RequestError(
             f"EAGLE-3 drafting is not built for {target.config.architecture}; use speculative method 'ngram'"
         )
