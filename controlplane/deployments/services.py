@@ -172,9 +172,11 @@ def validate_parallel(data: dict) -> None:
     need = tp * pp
     if need == 1:
         return
-    if data.get("speculative_method", Deployment.Speculative.NONE) != Deployment.Speculative.NONE:
+    if data.get("speculative_method") == Deployment.Speculative.EAGLE3 and pp > 1:
         raise DomainError(
-            "speculative decoding with tensor_parallel or pipeline_parallel > 1 is not built yet", "speculative_method"
+            "EAGLE-3 with pipeline_parallel > 1 is not built yet (its head reads layers on several stages); "
+            "use tensor_parallel alone, or speculative_method 'ngram'",
+            "speculative_method",
         )
     sizes = [
         node.devices.filter(health=Device.Health.HEALTHY).count()

@@ -36,3 +36,7 @@ class AuxStates:
     @property
     def aux_hidden_states(self) -> torch.Tensor | None:
         return self.model.aux_hidden_states
+
+    def draft_embedding(self) -> torch.nn.Embedding:
+        """The embedding a head without its own shares (the target's)."""
+        return self.model.embed_tokens

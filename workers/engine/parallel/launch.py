@@ -152,8 +152,10 @@ class ParallelGroup:
     def runner(self) -> ParallelRunner:
         return self.state.runner
 
-    # The engine reads these from its runner; a parallel runner has no drafter to feed.
-    aux_hidden_states = None
+    @property
+    def aux_hidden_states(self):
+        """The last step's states for an EAGLE-3 head (rank 0's stage; see ParallelRunner)."""
+        return self.state.runner.aux_hidden_states
 
     @property
     def kv_cache(self) -> torch.Tensor:

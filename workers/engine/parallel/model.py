@@ -21,6 +21,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.models.aux_states import run_layers
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
 from workers.engine.parallel.layers import (
@@ -90,7 +91,11 @@ class ShardedStage(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, group) if group.is_last_stage else None
         self._tie()
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
-        self.aux_hidden_states = None  # the ModelRunner reads it; EAGLE-3 is refused at TP/PP > 1
+        # Layers (of this stage) whose outputs an EAGLE-3 head on rank 0 reads: the residual
+        # stream is whole on every tensor-parallel rank after each layer (its sums are all-reduced).
+        self.aux_layer_ids: tuple[int, ...] = ()
+        self.aux_hidden_states: torch.Tensor | None = None
+        self.model_dir = None  # where the weights came from (load_from)
 
     def _tie(self) -> None:
         if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
@@ -126,9 +131,28 @@ class ShardedStage(nn.Module):
 
     def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         rope = self.cos_sin.index_select(0, positions)
-        for layer in self.layers:
-            x = layer(x, rope, meta)
+        x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids)
         return x
+
+    # -- what an EAGLE-3 drafter on rank 0 needs (spec/__init__.py) ------------------------------
+    def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
+        """As models/aux_states.py: keep these layers' outputs; they must be this stage's (one
+        stage: ParallelConfig refuses EAGLE-3 with pipeline parallelism)."""
+        start, end = self.group.stage_bounds[self.group.stage]
+        bad = [i for i in layer_ids if not start <= i < end]
+        if bad:
+            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this stage")
+        self.aux_layer_ids = tuple(i - start for i in layer_ids)
+
+    def draft_embedding(self) -> nn.Embedding:
+        """The whole embedding, for a head that shares it: this rank holds only its vocabulary
+        rows, so the table is read from the checkpoint (once, for rank 0's head)."""
+        for path in weight_files(self.model_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    like = self.embed_tokens.weight  # rank 0 is the first stage
+                    return nn.Embedding.from_pretrained(f.get_tensor("model.embed_tokens.weight").to(like), freeze=True)
+        raise ModelLoadError("the checkpoint has no model.embed_tokens.weight for the EAGLE-3 head to share")
 
     def logits(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(x.index_select(0, logits_indices))).float()
@@ -180,6 +204,7 @@ class ShardedStage(nn.Module):
         """Every tensor this rank holds from the checkpoint, or a ModelLoadError naming what is
         missing: each parameter must be written whole (counted in elements, so one expert or one
         of gate/up cannot pass for the stacked tensor) and each quantized layer's every tensor."""
+        self.model_dir = model_dir
         params = self._checkpoint_targets()
         quantized = quantized_tensor_layout(self)  # whole layers: the routed experts a rank holds
         in_quantized = {id(t) for layer, _, _ in quantized.values() for t in layer.buffers()}

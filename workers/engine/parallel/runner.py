@@ -66,6 +66,7 @@ class ParallelRunner(ModelRunner):
         g, model = self.group, self.model
         pending = []  # async sends: their tensors stay alive until they are waited on
         logits_parts: list[torch.Tensor | None] = []
+        aux_parts = []  # an EAGLE-3 head's states (rank 0, one stage), micro-batch by micro-batch
         for plan in plans:
             input_ids, positions, meta, logits_indices = self.inputs(plan)
             n = len(plan.input_ids)
@@ -75,6 +76,8 @@ class ParallelRunner(ModelRunner):
                 x = torch.empty(n, self.hidden_size, dtype=self.dtype, device=self.device)
                 g.recv(x, src=g.peer(g.stage - 1))
             x = model.decode_layers(x, positions, meta)
+            if model.aux_hidden_states is not None:
+                aux_parts.append(model.aux_hidden_states)
             if not g.is_last_stage:
                 pending.append((g.send(x.contiguous(), dst=g.peer(g.stage + 1)), x))
                 logits_parts.append(None)
@@ -88,6 +91,7 @@ class ParallelRunner(ModelRunner):
             work.wait()
         if g.rank != 0:
             return None
+        self.aux_hidden_states = torch.cat(aux_parts) if len(aux_parts) > 1 else (aux_parts or [None])[0]
         if not g.is_last_stage:  # rank 0 ran stage 0: the logits come from the last stage
             logits_parts = []
             for plan in plans:

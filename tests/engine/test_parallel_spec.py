@@ -1,0 +1,81 @@
+"""Speculative decoding on a parallel group (gloo on CPU): n-gram under tensor and pipeline
+parallelism and EAGLE-3 under tensor parallelism give the single-device engine's tokens, the
+head drafting on rank 0 from the layer outputs its stage computed; EAGLE-3 over pipeline stages
+is refused before any rank starts."""
+
+import pytest
+
+from tests.engine.checkpoints import build_eagle3_head
+from tests.engine.test_spec_decode import PROMPTS
+from workers.engine import LLM, SamplingParams
+from workers.engine.errors import RequestError
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=48, logprobs=1, ignore_eos=True)
+EVERY_STEP = {"disable_by_batch_size": 8, "draft_backoff": 0}  # draft (and roll back) at every step
+
+
+def outputs(llm: LLM, prompts) -> list:
+    return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)]
+
+
+def assert_close(got, want) -> None:
+    """Same tokens; logprobs within the parallel group's rounding (its sums are all-reduced)."""
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert max(abs(a[t] - b[t]) for a, b, t in zip(g.logprobs, w.logprobs, g.token_ids, strict=True)) < 1e-3
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_ngram_on_a_parallel_group_gives_the_single_device_tokens(checkpoint_factory, tp, pp):
+    model_dir = checkpoint_factory("llama")
+    prompts = PROMPTS
+    want = outputs(LLM(str(model_dir), dtype="float32", block_size=4), prompts)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, **EVERY_STEP}
+    with LLM(
+        str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        speculative_config=spec,
+    ) as llm:  # fmt: skip
+        got = outputs(llm, prompts)
+        stats = llm.engine.spec_stats()
+        free = llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+    assert_close(got, want)
+    assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"] and free
+
+
+def test_eagle3_under_tensor_parallelism_drafts_as_on_one_device(checkpoint_factory, tmp_path):
+    """The head on rank 0 reads the layer outputs of its tensor-parallel stage (the residual
+    stream is whole on every rank) and the whole embedding from the checkpoint: its drafts are
+    the single-device engine's, and the tokens are the plain engine's."""
+    model_dir = checkpoint_factory("llama")
+    head = build_eagle3_head(tmp_path / "head", model_dir, seed=6, random_norms=True)
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, **EVERY_STEP}
+    prompts = [PROMPTS[0], PROMPTS[2][:41]]
+    want = outputs(LLM(str(model_dir), dtype="float32", block_size=4), prompts)
+
+    def first_drafts(llm: LLM) -> list[list[int]]:
+        engine = llm.engine
+        for i, p in enumerate(prompts):
+            engine.add_request(f"d{i}", p, PARAMS)
+        engine.step()  # the prefill: the head observes both prompts
+        seqs = [engine.requests[f"d{i}"] for i in range(len(prompts))]
+        drafts = engine.drafter.propose(seqs, [3, 3])
+        for i in range(len(prompts)):
+            engine.abort_request(f"d{i}")
+        return drafts
+
+    one = LLM(str(model_dir), dtype="float32", block_size=4, speculative_config=spec)
+    with LLM(str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=2, speculative_config=spec) as llm:
+        drafts = first_drafts(llm)
+        got = outputs(llm, prompts)
+        stats = llm.engine.spec_stats()
+    assert drafts == first_drafts(one) and all(len(d) == 3 for d in drafts)
+    assert_close(got, want)
+    assert stats["num_drafts"] > 10
+
+
+def test_eagle3_over_pipeline_stages_is_refused_before_any_rank_starts(checkpoint_factory, tmp_path):
+    model_dir = checkpoint_factory("llama")
+    head = build_eagle3_head(tmp_path / "head", model_dir)
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    with pytest.raises(RequestError, match="EAGLE-3 with pipeline_parallel_size > 1 is not built yet"):
+        LLM(str(model_dir), dtype="float32", pipeline_parallel_size=2, speculative_config=spec)
