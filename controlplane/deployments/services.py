@@ -172,12 +172,6 @@ def validate_parallel(data: dict) -> None:
     need = tp * pp
     if need == 1:
         return
-    if data.get("speculative_method") == Deployment.Speculative.EAGLE3 and pp > 1:
-        raise DomainError(
-            "EAGLE-3 with pipeline_parallel > 1 is not built yet (its head reads layers on several stages); "
-            "use tensor_parallel alone, or speculative_method 'ngram'",
-            "speculative_method",
-        )
     sizes = [
         node.devices.filter(health=Device.Health.HEALTHY).count()
         for node in placeable_nodes()

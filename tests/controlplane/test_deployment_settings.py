@@ -36,21 +36,13 @@ def test_a_parallel_replica_larger_than_any_node_is_refused_naming_the_numbers(s
     assert not Deployment.objects.exists()
 
 
-def test_what_a_parallel_replica_cannot_run_is_refused(staff_client, model, cpu_node):
-    body = {"slug": "d", "model": "tiny", "pipeline_parallel": 2, "speculative_method": "eagle3"}
-    response = staff_client.post("/api/v1/deployments/", body, format="json")
-    assert response.status_code == 400
-    says = response.json()["speculative_method"][0]
-    assert "EAGLE-3 with pipeline_parallel > 1 is not built yet" in says and "ngram" in says
-    assert not Deployment.objects.exists()
-
-
-def test_a_parallel_replica_speculates_with_ngram(staff_client, model, cpu_node):
-    body = {"slug": "d", "model": "tiny", "tensor_parallel": 2, "pipeline_parallel": 1, "speculative_method": "ngram"}
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_a_parallel_replica_speculates(staff_client, model, cpu_node, tp, pp):
+    body = {"slug": "d", "model": "tiny", "tensor_parallel": tp, "pipeline_parallel": pp, "speculative_method": "ngram"}
     response = staff_client.post("/api/v1/deployments/", body, format="json")
     assert response.status_code == 201, response.json()
     spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get(slug="d"), node=cpu_node))
-    assert spec.tensor_parallel == 2 and spec.speculative.method == "ngram"
+    assert (spec.tensor_parallel, spec.pipeline_parallel, spec.speculative.method) == (tp, pp, "ngram")
 
 
 def test_a_disaggregated_parallel_deployment_gives_prefill_and_decode_replicas_the_same_ranks(

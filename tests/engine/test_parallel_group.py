@@ -88,10 +88,6 @@ def test_killing_rank_0_leaves_no_rank_behind(llama_dir, tmp_path):
     assert wait_gone(pids) == []
 
 
-# The head directory is never read: the group is refused first.
-EAGLE3 = {"method": "eagle3", "model": "/nonexistent-head", "num_speculative_tokens": 2}
-
-
 def config(**kw) -> ModelConfig:
     raw = {
         "architectures": ["LlamaForCausalLM"],
@@ -114,7 +110,6 @@ def config(**kw) -> ModelConfig:
         ({"num_attention_heads": 6, "num_key_value_heads": 3}, {}, {"tensor_parallel_size": 2}, "3 KV heads"),
         ({}, {}, {"pipeline_parallel_size": 3}, "2 layers cannot fill"),
         ({}, {}, {"pipeline_parallel_size": 2, "pipeline_stages": (2, 1)}, "pipeline_stages"),
-        ({}, {"speculative_config": EAGLE3}, {"pipeline_parallel_size": 2}, "EAGLE-3 with pipeline_parallel_size"),
         ({}, {"kv_tiers": {"dram_bytes": 1 << 20}}, {"pipeline_parallel_size": 2}, "KV tiers"),
         ({"architecture": "Gemma3ForCausalLM"}, {}, {"tensor_parallel_size": 2}, "not built yet for Gemma3"),
         (
@@ -131,8 +126,8 @@ def test_what_a_group_cannot_run_is_refused(model, engine, parallel, message):
 
 
 def test_the_engine_refuses_before_starting_ranks(llama_dir):
-    with pytest.raises(RequestError, match="EAGLE-3 with pipeline_parallel_size"):
-        LLM(str(llama_dir), pipeline_parallel_size=2, speculative_config=EAGLE3)
+    with pytest.raises(RequestError, match="KV tiers"):
+        LLM(str(llama_dir), pipeline_parallel_size=2, kv_tiers={"dram_bytes": 1 << 20})
 
 
 def test_stages_split_layers_evenly_unless_told():

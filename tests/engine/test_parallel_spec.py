@@ -1,14 +1,14 @@
-"""Speculative decoding on a parallel group (gloo on CPU): n-gram under tensor and pipeline
-parallelism and EAGLE-3 under tensor parallelism give the single-device engine's tokens, the
-head drafting on rank 0 from the layer outputs its stage computed; EAGLE-3 over pipeline stages
-is refused before any rank starts."""
+"""Speculative decoding on a parallel group (gloo on CPU): n-gram and EAGLE-3 under tensor and
+pipeline parallelism give the single-device engine's tokens, the head drafting on rank 0 from
+the layer outputs every stage computed; a head that does not fit is refused before any rank
+starts."""
 
 import pytest
 
 from tests.engine.checkpoints import build_eagle3_head
 from tests.engine.test_spec_decode import PROMPTS
 from workers.engine import LLM, SamplingParams
-from workers.engine.errors import RequestError
+from workers.engine.errors import ModelLoadError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=48, logprobs=1, ignore_eos=True)
 EVERY_STEP = {"disable_by_batch_size": 8, "draft_backoff": 0}  # draft (and roll back) at every step
@@ -42,11 +42,13 @@ def test_ngram_on_a_parallel_group_gives_the_single_device_tokens(checkpoint_fac
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"] and free
 
 
-def test_eagle3_under_tensor_parallelism_drafts_as_on_one_device(checkpoint_factory, tmp_path):
-    """The head on rank 0 reads the layer outputs of its tensor-parallel stage (the residual
-    stream is whole on every rank) and the whole embedding from the checkpoint: its drafts are
-    the single-device engine's, and the tokens are the plain engine's."""
-    model_dir = checkpoint_factory("llama")
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2), (2, 2)])
+def test_eagle3_on_a_parallel_group_drafts_as_on_one_device(checkpoint_factory, tmp_path, tp, pp):
+    """The head on rank 0 reads the layer outputs of every stage (the residual stream is whole
+    on each tensor-parallel rank; later stages send theirs to rank 0) and the whole embedding
+    from the checkpoint: its drafts are the single-device engine's, and the tokens are the
+    plain engine's."""
+    model_dir = checkpoint_factory("llama", num_hidden_layers=4)  # aux layers 0, 1 | 3: on both stages
     head = build_eagle3_head(tmp_path / "head", model_dir, seed=6, random_norms=True)
     spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, **EVERY_STEP}
     prompts = [PROMPTS[0], PROMPTS[2][:41]]
@@ -64,7 +66,10 @@ def test_eagle3_under_tensor_parallelism_drafts_as_on_one_device(checkpoint_fact
         return drafts
 
     one = LLM(str(model_dir), dtype="float32", block_size=4, speculative_config=spec)
-    with LLM(str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=2, speculative_config=spec) as llm:
+    with LLM(
+        str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        speculative_config=spec,
+    ) as llm:  # fmt: skip
         drafts = first_drafts(llm)
         got = outputs(llm, prompts)
         stats = llm.engine.spec_stats()
@@ -73,9 +78,11 @@ def test_eagle3_under_tensor_parallelism_drafts_as_on_one_device(checkpoint_fact
     assert stats["num_drafts"] > 10
 
 
-def test_eagle3_over_pipeline_stages_is_refused_before_any_rank_starts(checkpoint_factory, tmp_path):
-    model_dir = checkpoint_factory("llama")
-    head = build_eagle3_head(tmp_path / "head", model_dir)
+def test_a_head_that_does_not_fit_is_refused_before_any_rank_starts(checkpoint_factory, tmp_path):
+    model_dir, other = checkpoint_factory("llama"), checkpoint_factory("llama", hidden_size=96)
+    head = build_eagle3_head(tmp_path / "head", other)
     spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
-    with pytest.raises(RequestError, match="EAGLE-3 with pipeline_parallel_size > 1 is not built yet"):
+    with pytest.raises(ModelLoadError, match="does not fit target"):
         LLM(str(model_dir), dtype="float32", pipeline_parallel_size=2, speculative_config=spec)
+    with LLM(str(model_dir), dtype="float32", tensor_parallel_size=2) as llm:  # no group was left behind
+        assert llm.generate({"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=2))[0].outputs[0].token_ids

@@ -67,14 +67,26 @@ class LLMEngine:
             timeout_s=config.parallel_timeout_s, threads_per_rank=config.parallel_threads_per_rank,
         )  # fmt: skip
         self.parallel.validate(self.model_config, config)
-        self.group = None
+        self.group = self.tiers = None
         if self.parallel.world_size > 1:  # the ranks load their shards; rank 0 is this process
             from workers.engine.parallel.launch import ParallelGroup
 
+            if self.speculative and self.speculative.method == "eagle3":  # a head that does not fit: before any rank
+                from workers.engine.spec.eagle3 import head_aux_layers
+
+                head_aux_layers(self.speculative.model, config.model, self.model_config.num_layers)
             self.group = ParallelGroup(config, self.model_config, self.parallel, self.dtype)
             self.model = self.group.state.model
         else:
             self.model = load_model(config.model, self.model_config, self.device, self.dtype)
+        try:
+            self._finish_init(config, tier_config, progress)
+        except BaseException:
+            self.close()  # no rank outlives an engine that failed to start
+            raise
+
+    def _finish_init(self, config: EngineConfig, tier_config, progress) -> None:
+        """Everything after the weights: the KV cache, the scheduler, the drafter."""
         self.eos_token_ids = eos_token_ids(config.model, self.model_config)
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
@@ -99,7 +111,6 @@ class LLMEngine:
             self.runner = self.group  # runs each step on every rank (parallel/launch.py)
         else:
             self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
-        self.tiers = None
         if tier_config is not None and config.enable_prefix_caching:
             progress("connecting KV tiers", 0.87)
             layout = {**self.kv_layout(), "model": weights_identity(config.model)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.engine.errors import RequestError
-from workers.engine.spec.config import SpeculativeConfig
 
 # The families whose layers the parallel model shards: the dense Llama family (parallel/model.py)
 # and DeepSeek-V3 / Kimi K2, MLA + MoE (parallel/deepseek.py).
@@ -130,13 +129,6 @@ class ParallelConfig:
         if pp > model_config.num_layers:
             raise RequestError(f"{model_config.num_layers} layers cannot fill pipeline_parallel_size={pp} stages")
         self.stage_layers(model_config.num_layers)
-        speculative = SpeculativeConfig.from_dict(engine_config.speculative_config)
-        if speculative is not None and speculative.method == "eagle3" and pp > 1:
-            # The head reads layers' outputs that would live on several stages.
-            raise RequestError(
-                "EAGLE-3 with pipeline_parallel_size > 1 is not built yet; use tensor parallelism alone, "
-                "or speculative method 'ngram'"
-            )
         if engine_config.kv_tiers:
             raise RequestError("KV tiers with tensor/pipeline parallelism are not built yet")
         if self.timeout_s <= 0:

@@ -30,6 +30,8 @@ from workers.engine.parallel.config import ParallelConfig, ParallelError
 from workers.engine.parallel.deepseek import DeepseekStage
 from workers.engine.parallel.model import LlamaStage
 from workers.engine.parallel.runner import ParallelRunner
+from workers.engine.spec.config import SpeculativeConfig
+from workers.engine.spec.eagle3 import head_aux_layers
 from workers.kvtransfer import ranks as kv_ranks
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,9 @@ def build_rank(
     group.stage_bounds = parallel.stage_layers(cfg.num_layers)
     stage = DeepseekStage if cfg.architecture in MLA_ARCHITECTURES else LlamaStage  # MLA + MoE, or dense
     model = stage.load(engine.model, cfg, group, dtype)
+    speculative = SpeculativeConfig.from_dict(engine.speculative_config)
+    if speculative is not None and speculative.method == "eagle3":  # every stage keeps its aux layers' outputs
+        model.capture_aux_hidden_states(head_aux_layers(speculative.model, engine.model, cfg.num_layers))
     if engine.num_kv_blocks:
         blocks = engine.num_kv_blocks
     else:

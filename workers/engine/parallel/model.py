@@ -91,8 +91,11 @@ class ShardedStage(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, group) if group.is_last_stage else None
         self._tie()
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
-        # Layers (of this stage) whose outputs an EAGLE-3 head on rank 0 reads: the residual
-        # stream is whole on every tensor-parallel rank after each layer (its sums are all-reduced).
+        # The layers whose outputs an EAGLE-3 head on rank 0 reads (`aux_layers`, the model's
+        # numbering) and which of them are this stage's (`aux_layer_ids`, numbered in the stage).
+        # The residual stream is whole on every tensor-parallel rank after each layer (its sums
+        # are all-reduced); the runner brings other stages' parts to rank 0.
+        self.aux_layers: tuple[int, ...] = ()
         self.aux_layer_ids: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
         self.model_dir = None  # where the weights came from (load_from)
@@ -136,13 +139,19 @@ class ShardedStage(nn.Module):
 
     # -- what an EAGLE-3 drafter on rank 0 needs (spec/__init__.py) ------------------------------
     def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
-        """As models/aux_states.py: keep these layers' outputs; they must be this stage's (one
-        stage: ParallelConfig refuses EAGLE-3 with pipeline parallelism)."""
-        start, end = self.group.stage_bounds[self.group.stage]
-        bad = [i for i in layer_ids if not start <= i < end]
+        """As models/aux_states.py, on every rank: this stage keeps the outputs of those of the
+        layers it holds (`aux_hidden_states`, in the order named)."""
+        bad = [i for i in layer_ids if not 0 <= i < self.config.num_layers]
         if bad:
-            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this stage")
-        self.aux_layer_ids = tuple(i - start for i in layer_ids)
+            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
+        self.aux_layers = tuple(layer_ids)
+        start = self.group.stage_bounds[self.group.stage][0]
+        self.aux_layer_ids = tuple(i - start for i in self.stage_aux_layers(self.group.stage))
+
+    def stage_aux_layers(self, stage: int) -> list[int]:
+        """The aux layers `stage` holds, in the order named (model numbering)."""
+        start, end = self.group.stage_bounds[stage]
+        return [i for i in self.aux_layers if start <= i < end]
 
     def draft_embedding(self) -> nn.Embedding:
         """The whole embedding, for a head that shares it: this rank holds only its vocabulary

@@ -66,7 +66,7 @@ class ParallelRunner(ModelRunner):
         g, model = self.group, self.model
         pending = []  # async sends: their tensors stay alive until they are waited on
         logits_parts: list[torch.Tensor | None] = []
-        aux_parts = []  # an EAGLE-3 head's states (rank 0, one stage), micro-batch by micro-batch
+        aux_parts = []  # an EAGLE-3 head's states, rank 0's stage's part, micro-batch by micro-batch
         for plan in plans:
             input_ids, positions, meta, logits_indices = self.inputs(plan)
             n = len(plan.input_ids)
@@ -76,8 +76,10 @@ class ParallelRunner(ModelRunner):
                 x = torch.empty(n, self.hidden_size, dtype=self.dtype, device=self.device)
                 g.recv(x, src=g.peer(g.stage - 1))
             x = model.decode_layers(x, positions, meta)
-            if model.aux_hidden_states is not None:
+            if g.rank == 0:
                 aux_parts.append(model.aux_hidden_states)
+            elif model.aux_hidden_states is not None and g.tp_rank == 0:  # this stage's part, to rank 0
+                pending.append((g.send(model.aux_hidden_states, dst=0), model.aux_hidden_states))
             if not g.is_last_stage:
                 pending.append((g.send(x.contiguous(), dst=g.peer(g.stage + 1)), x))
                 logits_parts.append(None)
@@ -91,12 +93,36 @@ class ParallelRunner(ModelRunner):
             work.wait()
         if g.rank != 0:
             return None
-        self.aux_hidden_states = torch.cat(aux_parts) if len(aux_parts) > 1 else (aux_parts or [None])[0]
-        if not g.is_last_stage:  # rank 0 ran stage 0: the logits come from the last stage
-            logits_parts = []
-            for plan in plans:
+        if not g.is_last_stage:  # rank 0 ran stage 0: the logits (and later stages' aux parts) come
+            logits_parts = []  # in each sender's order: a plan's aux part, then its logits
+            for i, plan in enumerate(plans):
+                aux_parts[i] = self._gather_aux(aux_parts[i], len(plan.input_ids))
                 out = torch.empty(len(plan.logits_indices), self.vocab_size, dtype=torch.float32, device=self.device)
                 if len(plan.logits_indices):
                     g.recv(out, src=g.last_stage_leader)
                 logits_parts.append(out)
+        if aux_parts[0] is None:  # no EAGLE-3 head
+            self.aux_hidden_states = None
+        else:
+            self.aux_hidden_states = torch.cat(aux_parts) if len(aux_parts) > 1 else aux_parts[0]
         return torch.cat(logits_parts) if len(logits_parts) > 1 else logits_parts[0]
+
+    def _gather_aux(self, own: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+        """Rank 0: one micro-batch's aux states of every stage (its own part, then each later
+        stage's from that stage's first rank), laid side by side in the order the head names
+        its layers."""
+        model, g = self.model, self.group
+        if not model.aux_layers:
+            return None
+        by_layer: dict[int, torch.Tensor] = {}
+        for stage in range(g.pp):
+            layers = model.stage_aux_layers(stage)
+            if not layers:
+                continue
+            if stage == 0:
+                part = own
+            else:
+                part = torch.empty(rows, len(layers) * self.hidden_size, dtype=self.dtype, device=self.device)
+                g.recv(part, src=g.peer(stage))
+            by_layer.update(zip(layers, part.split(self.hidden_size, dim=-1), strict=True))
+        return torch.cat([by_layer[i] for i in model.aux_layers], dim=-1)

@@ -294,6 +294,18 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def head_aux_layers(draft_dir: str | Path, target_dir: str | Path, num_layers: int) -> tuple[int, ...]:
+    """The target layers the head in `draft_dir` reads, once it is checked to fit the target
+    (ModelLoadError naming why not): what every rank of a parallel group needs to know before
+    the head itself loads on rank 0."""
+    from workers.protocol.draft_models import check_draft_dir
+
+    try:
+        return check_draft_dir(draft_dir, target_dir).aux_layers(num_layers)
+    except ModelDirectoryError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arange: torch.Tensor) -> torch.Tensor:
     """q [n, heads, hd] for the last n of the m entries in k/v [m, kv_heads, hd]; each query
     sees the entries up to and including its own. `arange`: 0, 1, .. (at least m) on q's
