@@ -167,7 +167,8 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
 
 def validate_parallel(data: dict) -> None:
     """A replica over tensor_parallel x pipeline_parallel devices of one node (the engine's
-    parallel/ package): refuse what such a replica cannot run, and a size no node can hold."""
+    parallel/ package): refuse a size no node can hold (what the model cannot be split into is
+    the engine's to refuse, naming why, when the replica starts)."""
     tp, pp = data.get("tensor_parallel") or 1, data.get("pipeline_parallel") or 1
     need = tp * pp
     if need == 1:

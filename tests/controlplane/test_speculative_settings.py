@@ -105,6 +105,15 @@ def test_eagle3_with_a_head_that_fits_is_accepted(staff_client, target, heads):
     assert (dep.speculative_method, dep.speculative_k, dep.draft_model.name) == ("eagle3", 5, "head")
 
 
+def test_eagle3_runs_on_a_parallel_replica(staff_client, target, heads):
+    """Over pipeline stages too: rank 0's head reads every stage's layers (docs/parallelism.md)."""
+    register_head(staff_client, "head", heads["fits"])
+    response = create(staff_client, speculative_method="eagle3", draft_model="head", pipeline_parallel=2)
+    assert response.status_code == 201, response.json()
+    spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get()))
+    assert (spec.pipeline_parallel, spec.speculative.method) == (2, "eagle3")
+
+
 @pytest.mark.parametrize(
     ("head", "says"),
     [

@@ -43,9 +43,9 @@ def _count_computed(engine) -> list[int]:
     """Tokens the model computes per step, recorded from the runner's batches."""
     counts, execute = [], engine.runner.execute
 
-    def counting(batch):
+    def counting(batch, *args, **kwargs):
         counts.append(sum(item.num_tokens for item in batch.all))
-        return execute(batch)
+        return execute(batch, *args, **kwargs)
 
     engine.runner.execute = counting
     return counts

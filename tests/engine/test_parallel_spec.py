@@ -4,11 +4,12 @@ the layer outputs every stage computed; a head that does not fit is refused befo
 starts."""
 
 import pytest
+import torch
 
 from tests.engine.checkpoints import build_eagle3_head
 from tests.engine.test_spec_decode import PROMPTS
 from workers.engine import LLM, SamplingParams
-from workers.engine.errors import ModelLoadError
+from workers.engine.errors import ModelLoadError, RequestError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=48, logprobs=1, ignore_eos=True)
 EVERY_STEP = {"disable_by_batch_size": 8, "draft_backoff": 0}  # draft (and roll back) at every step
@@ -85,4 +86,41 @@ def test_a_head_that_does_not_fit_is_refused_before_any_rank_starts(checkpoint_f
     with pytest.raises(ModelLoadError, match="does not fit target"):
         LLM(str(model_dir), dtype="float32", pipeline_parallel_size=2, speculative_config=spec)
     with LLM(str(model_dir), dtype="float32", tensor_parallel_size=2) as llm:  # no group was left behind
+        assert llm.generate({"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("aux_layer_ids", [[5, 1, 3], [0, 0, 4]])
+def test_the_heads_states_reach_rank_0_in_its_order(checkpoint_factory, tmp_path, aux_layer_ids):
+    """Over three stages, in chunked prefills of several micro-batches, with the head's layers
+    named out of order or twice (a stage may hold none): after every step rank 0 holds the
+    single-device engine's aux states."""
+    model_dir = checkpoint_factory("llama", num_hidden_layers=6)  # stages hold layers 0-1, 2-3, 4-5
+    head = build_eagle3_head(tmp_path / "head", model_dir, aux_layer_ids=aux_layer_ids, random_norms=True)
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, **EVERY_STEP}
+    common = {"dtype": "float32", "block_size": 4, "max_num_batched_tokens": 16, "speculative_config": spec}
+    one = LLM(str(model_dir), **common).engine
+    with LLM(str(model_dir), pipeline_parallel_size=3, **common) as llm:
+        group = llm.engine
+        for engine in (one, group):
+            for i, p in enumerate(PROMPTS[:3]):
+                engine.add_request(str(i), p[:30], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        steps = 0
+        while one.has_unfinished_requests():
+            want, got = one.step(), group.step()
+            assert [d.new_token_ids for d in got] == [d.new_token_ids for d in want]
+            mine, theirs = group.runner.aux_hidden_states, one.runner.aux_hidden_states
+            assert mine.shape == theirs.shape == (theirs.shape[0], 3 * 64)
+            assert torch.allclose(mine, theirs, atol=1e-4), steps
+            steps += 1
+    assert steps > 8
+
+
+def test_an_engine_that_fails_after_its_ranks_started_leaves_none_running(checkpoint_factory):
+    import multiprocessing
+
+    model_dir = checkpoint_factory("llama")
+    with pytest.raises(RequestError, match="KV cache budget is too small"):
+        LLM(str(model_dir), dtype="float32", tensor_parallel_size=2, kv_cache_bytes=1)
+    assert not multiprocessing.active_children()
+    with LLM(str(model_dir), dtype="float32", tensor_parallel_size=2) as llm:  # a group can start again
         assert llm.generate({"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=2))[0].outputs[0].token_ids

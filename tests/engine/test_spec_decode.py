@@ -66,8 +66,8 @@ class BatchLog:
         self.steps: list[list[tuple[str, list[int]]]] = []
         execute = engine.runner.execute
 
-        def recording(batch):
-            logits, sampling = execute(batch)
+        def recording(batch, *args, **kwargs):
+            logits, sampling = execute(batch, *args, **kwargs)
             for item in sampling:
                 seq, drafts = item.seq, item.draft_token_ids
                 # Never more guesses than could be emitted within max_tokens and the context.

@@ -22,9 +22,9 @@ from workers.demo import MODEL_DIR
 def _measure(engine, add) -> dict:
     counts, execute = [], engine.runner.execute
 
-    def counting(batch):
+    def counting(batch, *args, **kwargs):
         counts.append(sum(item.num_tokens for item in batch.all))
-        return execute(batch)
+        return execute(batch, *args, **kwargs)
 
     engine.runner.execute = counting
     bm = engine.block_manager

@@ -309,7 +309,8 @@ class LLMEngine:
             return []
         starts = [item.seq.num_computed_tokens for item in batch.all] if self.feeds_drafter else None
         verify_started = time.perf_counter()
-        logits, sampling = self.runner.execute(batch)
+        # A parallel group brings the head's states to rank 0 only for a step it may feed them from.
+        logits, sampling = self.runner.execute(batch, keep_aux=self.feeds_drafter and self._speculating())
         for item in batch.all:
             if not item.draft_token_ids:  # a verifying sequence's K/V is final once verified
                 self.block_manager.mark_computed(item.seq, item.num_tokens)
@@ -329,7 +330,7 @@ class LLMEngine:
             self.spec.verify_seconds += time.perf_counter() - verify_started
         # Feed a hidden-state drafter when the next step will draft (the batch as it stands now:
         # a large batch's prefill is not fed, since it would not draft).
-        if self.feeds_drafter and self._speculating():
+        if self.feeds_drafter and self._speculating() and self.runner.aux_hidden_states is not None:
             self._observe(batch, starts)
         return deltas
 

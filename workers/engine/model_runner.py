@@ -83,10 +83,11 @@ class ModelRunner:
         return torch.tensor(data, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+    def execute(self, batch: SchedulerOutput, keep_aux: bool = True) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Returns (logits fp32, the scheduled sequences that sample, in order). Each of
         those has one row of logits, its last token's, or, when it verifies drafts, one row
-        per query token: its last token's, then each draft's."""
+        per query token: its last token's, then each draft's. `keep_aux` matters to a parallel
+        group only: here an EAGLE-3 head's states are this process's, and kept every step."""
         plan, sampling = plan_step(batch, self.block_size)
         return self.run(plan), sampling
 
@@ -132,6 +133,7 @@ class StepPlan:
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     logits_indices: list[int] = field(default_factory=list)
+    keep_aux: bool = True  # a parallel group brings an EAGLE-3 head's states to rank 0 (ParallelRunner)
     num_prefill_tokens: int = 0
     prefill_cu_q_lens: list[int] = field(default_factory=list)
     prefill_context_lens: list[int] = field(default_factory=list)

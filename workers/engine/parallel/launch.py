@@ -31,7 +31,7 @@ from workers.engine.parallel.deepseek import DeepseekStage
 from workers.engine.parallel.model import LlamaStage
 from workers.engine.parallel.runner import ParallelRunner
 from workers.engine.spec.config import SpeculativeConfig
-from workers.engine.spec.eagle3 import head_aux_layers
+from workers.engine.spec.eagle3 import head_aux_layers, head_has_embedding
 from workers.kvtransfer import ranks as kv_ranks
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ def build_rank(
     speculative = SpeculativeConfig.from_dict(engine.speculative_config)
     if speculative is not None and speculative.method == "eagle3":  # every stage keeps its aux layers' outputs
         model.capture_aux_hidden_states(head_aux_layers(speculative.model, engine.model, cfg.num_layers))
+        if rank == 0 and not head_has_embedding(speculative.model):
+            model.draft_embedding()  # the head's copy of the embedding, counted before the KV cache is sized
     if engine.num_kv_blocks:
         blocks = engine.num_kv_blocks
     else:
@@ -187,10 +189,10 @@ class ParallelGroup:
             self.close(kill=True)
             raise ParallelError(f"a rank of the parallel group died: {dead}")
 
-    def execute(self, batch):
+    def execute(self, batch, keep_aux: bool = True):
         self.check()
         try:
-            return self.runner.execute(batch)
+            return self.runner.execute(batch, keep_aux)
         except Exception as exc:
             # Give a dying rank a moment to be seen dead, to name it; then no rank is kept.
             deadline = time.monotonic() + 1.0

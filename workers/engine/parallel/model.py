@@ -99,6 +99,7 @@ class ShardedStage(nn.Module):
         self.aux_layer_ids: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
         self.model_dir = None  # where the weights came from (load_from)
+        self._draft_embedding: dict[str, nn.Embedding] = {}  # a dict: not a submodule of the stage
 
     def _tie(self) -> None:
         if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
@@ -132,21 +133,23 @@ class ShardedStage(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+    def decode_layers(self, x: torch.Tensor, positions: torch.Tensor, meta, keep_aux: bool = True) -> torch.Tensor:
         rope = self.cos_sin.index_select(0, positions)
-        x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids)
+        x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids if keep_aux else ())
         return x
 
     # -- what an EAGLE-3 drafter on rank 0 needs (spec/__init__.py) ------------------------------
     def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
-        """As models/aux_states.py, on every rank: this stage keeps the outputs of those of the
-        layers it holds (`aux_hidden_states`, in the order named)."""
+        """As models/aux_states.py, on every rank: a stage's first rank keeps the outputs of
+        those of the layers its stage holds (`aux_hidden_states`, in the order named); the
+        other ranks of the stage have the same ones and keep none."""
         bad = [i for i in layer_ids if not 0 <= i < self.config.num_layers]
         if bad:
             raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
         self.aux_layers = tuple(layer_ids)
         start = self.group.stage_bounds[self.group.stage][0]
-        self.aux_layer_ids = tuple(i - start for i in self.stage_aux_layers(self.group.stage))
+        if self.group.tp_rank == 0:
+            self.aux_layer_ids = tuple(i - start for i in self.stage_aux_layers(self.group.stage))
 
     def stage_aux_layers(self, stage: int) -> list[int]:
         """The aux layers `stage` holds, in the order named (model numbering)."""
@@ -154,14 +157,26 @@ class ShardedStage(nn.Module):
         return [i for i in self.aux_layers if start <= i < end]
 
     def draft_embedding(self) -> nn.Embedding:
-        """The whole embedding, for a head that shares it: this rank holds only its vocabulary
-        rows, so the table is read from the checkpoint (once, for rank 0's head)."""
+        """The whole embedding, for a head that shares it (rank 0, the first stage). Without
+        tensor parallelism this rank holds it; otherwise only its vocabulary rows, so the table
+        is read from the checkpoint, once (`build_rank` reads it before sizing the KV cache)."""
+        if not self._draft_embedding:
+            if self.group.tp == 1:
+                weight = self.embed_tokens.weight[: self.config.vocab_size]
+            else:
+                weight = self._checkpoint_tensor("model.embed_tokens.weight").to(self.embed_tokens.weight)
+            self._draft_embedding["weight"] = nn.Embedding.from_pretrained(weight, freeze=True)
+        return self._draft_embedding["weight"]
+
+    def _checkpoint_tensor(self, name: str) -> torch.Tensor:
         for path in weight_files(self.model_dir):
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                    like = self.embed_tokens.weight  # rank 0 is the first stage
-                    return nn.Embedding.from_pretrained(f.get_tensor("model.embed_tokens.weight").to(like), freeze=True)
-        raise ModelLoadError("the checkpoint has no model.embed_tokens.weight for the EAGLE-3 head to share")
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as f:
+                    if name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                        return f.get_tensor(name)
+            except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
+                raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
+        raise ModelLoadError(f"the checkpoint has no {name} for the EAGLE-3 head to share")
 
     def logits(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(x.index_select(0, logits_indices))).float()

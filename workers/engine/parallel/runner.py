@@ -50,11 +50,14 @@ class ParallelRunner(ModelRunner):
         self.dtype = dtype
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """Rank 0: plan, send the plans to every rank, run stage 0, collect the logits."""
+    def execute(self, batch: SchedulerOutput, keep_aux: bool = True) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """Rank 0: plan, send the plans to every rank, run stage 0, collect the logits.
+        `keep_aux`: bring an EAGLE-3 head's states to rank 0 this step (the engine feeds the
+        head only when the next step drafts; they are tokens x 3 x hidden)."""
         plans, sampling = [], []
         for part in split_batch(batch, self.group.parallel.num_micro_batches):
             plan, rows = plan_step(part, self.block_size)
+            plan.keep_aux = keep_aux
             plans.append(plan)
             sampling.extend(rows)
         self.group.broadcast_command(("step", plans))
@@ -65,8 +68,9 @@ class ParallelRunner(ModelRunner):
         """This rank's share of the step; rank 0 gets the logits, the others None."""
         g, model = self.group, self.model
         pending = []  # async sends: their tensors stay alive until they are waited on
+        to_rank0 = []  # a later stage's aux parts and logits, in micro-batch order
         logits_parts: list[torch.Tensor | None] = []
-        aux_parts = []  # an EAGLE-3 head's states, rank 0's stage's part, micro-batch by micro-batch
+        aux_parts = []  # rank 0: its stage's part of an EAGLE-3 head's states, by micro-batch
         for plan in plans:
             input_ids, positions, meta, logits_indices = self.inputs(plan)
             n = len(plan.input_ids)
@@ -75,11 +79,11 @@ class ParallelRunner(ModelRunner):
             else:
                 x = torch.empty(n, self.hidden_size, dtype=self.dtype, device=self.device)
                 g.recv(x, src=g.peer(g.stage - 1))
-            x = model.decode_layers(x, positions, meta)
+            x = model.decode_layers(x, positions, meta, keep_aux=plan.keep_aux)
             if g.rank == 0:
                 aux_parts.append(model.aux_hidden_states)
-            elif model.aux_hidden_states is not None and g.tp_rank == 0:  # this stage's part, to rank 0
-                pending.append((g.send(model.aux_hidden_states, dst=0), model.aux_hidden_states))
+            elif model.aux_hidden_states is not None:  # a later stage's first rank (the only one keeping them)
+                to_rank0.append(model.aux_hidden_states)
             if not g.is_last_stage:
                 pending.append((g.send(x.contiguous(), dst=g.peer(g.stage + 1)), x))
                 logits_parts.append(None)
@@ -88,20 +92,25 @@ class ParallelRunner(ModelRunner):
             if g.rank == 0:
                 logits_parts.append(logits)
             elif g.rank == g.last_stage_leader and len(plan.logits_indices):
-                pending.append((g.send(logits, dst=0), logits))
+                to_rank0.append(logits)
+        # Only now, every micro-batch received: rank 0 receives after all its own sends, and on
+        # NCCL a pair of ranks runs its sends and receives in order, so a send to rank 0 queued
+        # before this rank's receive of the next micro-batch could wait for rank 0 forever.
+        pending += [(g.send(t, dst=0), t) for t in to_rank0]
         for work, _ in pending:
             work.wait()
         if g.rank != 0:
             return None
         if not g.is_last_stage:  # rank 0 ran stage 0: the logits (and later stages' aux parts) come
-            logits_parts = []  # in each sender's order: a plan's aux part, then its logits
+            logits_parts = []  # in each sender's order: a micro-batch's aux part, then its logits
             for i, plan in enumerate(plans):
-                aux_parts[i] = self._gather_aux(aux_parts[i], len(plan.input_ids))
+                if plan.keep_aux:
+                    aux_parts[i] = self._gather_aux(aux_parts[i], len(plan.input_ids))
                 out = torch.empty(len(plan.logits_indices), self.vocab_size, dtype=torch.float32, device=self.device)
                 if len(plan.logits_indices):
                     g.recv(out, src=g.last_stage_leader)
                 logits_parts.append(out)
-        if aux_parts[0] is None:  # no EAGLE-3 head
+        if aux_parts[0] is None:  # no EAGLE-3 head, or not kept this step
             self.aux_hidden_states = None
         else:
             self.aux_hidden_states = torch.cat(aux_parts) if len(aux_parts) > 1 else aux_parts[0]

@@ -28,7 +28,7 @@ def make_drafter(
         )
     from workers.engine.spec.eagle3 import Eagle3Drafter, load_eagle3
 
-    head = load_eagle3(config.model, target_config, target.draft_embedding(), device, dtype)
+    head = load_eagle3(config.model, target_config, target.draft_embedding, device, dtype)
     layers = head.spec.aux_layers(target.config.num_layers)
     target.capture_aux_hidden_states(layers)
     return Eagle3Drafter(head, config.num_speculative_tokens, layers)

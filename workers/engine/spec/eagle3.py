@@ -33,6 +33,7 @@ pay for their verification.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -263,13 +264,14 @@ class DraftPass:
 def load_eagle3(
     draft_dir: str | Path,
     target_config: dict,
-    target_embed: nn.Embedding,
+    target_embed: Callable[[], nn.Embedding],
     device: torch.device,
     dtype: torch.dtype,
 ) -> Eagle3Head:
     """The head in `draft_dir`, checked against its target, on `device` in `dtype`, for inference:
     its norm weights folded into its matmuls (`fold_norm_weights`, before the cast, so the
-    products are rounded once), so its parameters are no longer the checkpoint's."""
+    products are rounded once), so its parameters are no longer the checkpoint's.
+    `target_embed()` gives the target's embedding, asked for only when the head has none."""
     from workers.engine.loader import iter_tensors
     from workers.protocol.draft_models import draft_fit_problems
 
@@ -281,8 +283,9 @@ def load_eagle3(
     problems = draft_fit_problems(spec, target_config)
     if problems:
         raise ModelLoadError(f"draft {draft_dir} does not fit the target: {'; '.join(problems)}")
-    head = Eagle3Head(spec, rope_from(raw), target_embed)
-    head.load_weights(dict(iter_tensors(draft_dir)))
+    tensors = dict(iter_tensors(draft_dir))
+    head = Eagle3Head(spec, rope_from(raw), None if "embed_tokens.weight" in tensors else target_embed())
+    head.load_weights(tensors)
     fold_norm_weights(head)
     head = head.to(device=device, dtype=dtype)  # floating tensors only: d2t stays int64
     prepare_linears(head)
@@ -302,6 +305,17 @@ def head_aux_layers(draft_dir: str | Path, target_dir: str | Path, num_layers: i
 
     try:
         return check_draft_dir(draft_dir, target_dir).aux_layers(num_layers)
+    except ModelDirectoryError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def head_has_embedding(draft_dir: str | Path) -> bool:
+    """Whether the head ships its own `embed_tokens` (else it shares the target's)."""
+    from workers.protocol.draft_models import safetensors_header
+    from workers.protocol.model_files import weight_files
+
+    try:
+        return any("embed_tokens.weight" in safetensors_header(path) for path in weight_files(draft_dir))
     except ModelDirectoryError as exc:
         raise ModelLoadError(str(exc)) from exc
 
