@@ -142,6 +142,14 @@ class Engine:
             self.engine.drafter.propose = propose
             self.engine.drafter.observe = observe
 
+    def step_kind(self, first: bool) -> str:
+        """What the step just run was, from this step's draft run (`last_draft`): the prefill
+        (a request's first step), a verify of k drafts, a shorter verify, or a plain decode."""
+        if first:
+            return "prefill"
+        drafted = self.last_draft[1] if self.last_draft else 0
+        return "verify" if drafted == self.k else "verify_short" if drafted else "decode"
+
     def count_work(self, prompts: list[list[int]]) -> dict[str, float | None]:
         """Median ops (work_count.py) of each step kind over `prompts` run one at a time: the
         prefill step (EAGLE-3's observe of the prompt included), the target's forward in a plain
@@ -166,13 +174,14 @@ class Engine:
                     self.last_draft = None
                     seen = len(drafting)
                     engine.step()
-                    if first:  # the prefill step, with the head's observe of the prompt
+                    kind = self.step_kind(first)
+                    first = False
+                    if kind == "prefill":  # the head's observe of the prompt included
                         kinds["prefill"].append(forward[-1] + sum(drafting[seen:]))
-                        first = False
-                    elif self.last_draft and self.last_draft[1] == self.k:
+                    elif kind == "verify":
                         kinds["verify"].append(forward[-1])
                         kinds["draft"].append(sum(drafting[seen:]))
-                    elif not self.last_draft or not self.last_draft[1]:
+                    elif kind == "decode":
                         kinds["decode"].append(forward[-1])
         return {kind: _median(counts) for kind, counts in kinds.items()}
 
@@ -202,16 +211,15 @@ class Engine:
                 for d in deltas:
                     tokens[d.request_id].extend(d.new_token_ids)
                 if batch == 1:
-                    if first:  # the prompt fits one step's token budget; EAGLE-3's head observes it
+                    kind = self.step_kind(first)
+                    drafted = self.last_draft[0] if self.last_draft else 0.0
+                    if kind == "prefill":  # the prompt fits one step's token budget; EAGLE-3's head observes it
                         out.steps["prefill"].append(dt + self.observe_seconds)
                         out.prompt_observe_seconds.append(self.observe_seconds)
-                    elif self.last_draft and self.last_draft[1] == self.k:
-                        out.steps["verify"].append(dt - self.last_draft[0])
-                        out.draft_seconds.append(self.last_draft[0] + self.observe_seconds)
-                    elif self.last_draft and self.last_draft[1]:
-                        out.steps["verify_short"].append(dt - self.last_draft[0])
-                    else:  # nothing drafted (or no drafter): a plain decode step
-                        out.steps["decode"].append(dt - (self.last_draft[0] if self.last_draft else 0.0))
+                    else:
+                        out.steps[kind].append(dt - drafted)
+                    if kind == "verify":
+                        out.draft_seconds.append(drafted + self.observe_seconds)
                 first = False
             out.tokens.extend(tokens[rid] for rid in rids)
         out.seconds = time.perf_counter() - started

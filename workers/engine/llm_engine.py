@@ -71,11 +71,15 @@ class LLMEngine:
         if self.parallel.world_size > 1:  # the ranks load their shards; rank 0 is this process
             from workers.engine.parallel.launch import ParallelGroup
 
-            if self.speculative and self.speculative.method == "eagle3":  # a head that does not fit: before any rank
-                from workers.engine.spec.eagle3 import head_aux_layers
+            aux_layers, draft_embedding = (), False
+            if self.speculative and self.speculative.method == "eagle3":  # checked here, before any rank starts
+                from workers.engine.spec.eagle3 import head_aux_layers, head_has_embedding
 
-                head_aux_layers(self.speculative.model, config.model, self.model_config.num_layers)
-            self.group = ParallelGroup(config, self.model_config, self.parallel, self.dtype)
+                aux_layers = head_aux_layers(self.speculative.model, config.model, self.model_config.num_layers)
+                draft_embedding = not head_has_embedding(self.speculative.model)
+            self.group = ParallelGroup(
+                config, self.model_config, self.parallel, self.dtype, aux_layers, draft_embedding
+            )
             self.model = self.group.state.model
         else:
             self.model = load_model(config.model, self.model_config, self.device, self.dtype)

@@ -21,6 +21,13 @@ def run_layers(layers, x, rope, meta, aux_layer_ids: tuple[int, ...]) -> tuple[t
     return x, torch.cat([kept[i] for i in aux_layer_ids], dim=-1) if kept else None
 
 
+def check_aux_layers(layer_ids: tuple[int, ...], num_layers: int) -> None:
+    """ModelLoadError unless every id names one of the model's `num_layers` decoder layers."""
+    bad = [i for i in layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
+
+
 class AuxStates:
     """What the engine asks of a target that feeds an EAGLE-3 head. The model's decoder stack
     (`self.model`) holds `aux_layer_ids` and sets `aux_hidden_states` in each forward."""
@@ -28,9 +35,7 @@ class AuxStates:
     def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
         """From now on each forward keeps the outputs of these decoder layers (the residual
         stream after them) for every token, side by side: `aux_hidden_states` [tokens, n·hidden]."""
-        bad = [i for i in layer_ids if not 0 <= i < self.config.num_layers]
-        if bad:
-            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
+        check_aux_layers(layer_ids, self.config.num_layers)
         self.model.aux_layer_ids = tuple(layer_ids)
 
     @property

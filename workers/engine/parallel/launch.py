@@ -30,8 +30,6 @@ from workers.engine.parallel.config import ParallelConfig, ParallelError
 from workers.engine.parallel.deepseek import DeepseekStage
 from workers.engine.parallel.model import LlamaStage
 from workers.engine.parallel.runner import ParallelRunner
-from workers.engine.spec.config import SpeculativeConfig
-from workers.engine.spec.eagle3 import head_aux_layers, head_has_embedding
 from workers.kvtransfer import ranks as kv_ranks
 
 log = logging.getLogger(__name__)
@@ -73,8 +71,18 @@ class RankState:
 
 
 def build_rank(
-    engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig, rank: int, port: int, dtype: torch.dtype
+    engine: EngineConfig,
+    cfg: ModelConfig,
+    parallel: ParallelConfig,
+    rank: int,
+    port: int,
+    dtype: torch.dtype,
+    aux_layers: tuple[int, ...] = (),
+    draft_embedding: bool = False,
 ) -> RankState:
+    """This rank's stage, KV cache and runner. `aux_layers`: the layers an EAGLE-3 head on rank 0
+    reads (every stage keeps those it holds); `draft_embedding` (rank 0): the head shares the
+    target's embedding, whose whole table is made ready before the KV cache is sized."""
     device = rank_device(torch.device(engine.device), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -82,11 +90,10 @@ def build_rank(
     group.stage_bounds = parallel.stage_layers(cfg.num_layers)
     stage = DeepseekStage if cfg.architecture in MLA_ARCHITECTURES else LlamaStage  # MLA + MoE, or dense
     model = stage.load(engine.model, cfg, group, dtype)
-    speculative = SpeculativeConfig.from_dict(engine.speculative_config)
-    if speculative is not None and speculative.method == "eagle3":  # every stage keeps its aux layers' outputs
-        model.capture_aux_hidden_states(head_aux_layers(speculative.model, engine.model, cfg.num_layers))
-        if rank == 0 and not head_has_embedding(speculative.model):
-            model.draft_embedding()  # the head's copy of the embedding, counted before the KV cache is sized
+    if aux_layers:
+        model.capture_aux_hidden_states(aux_layers)
+    if draft_embedding:
+        model.draft_embedding()
     if engine.num_kv_blocks:
         blocks = engine.num_kv_blocks
     else:
@@ -102,14 +109,16 @@ def build_rank(
     return RankState(group, model, runner, blocks)
 
 
-def worker_main(engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig, rank: int, port: int, dtype) -> None:
+def worker_main(
+    engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig, rank: int, port: int, dtype, aux_layers=()
+) -> None:
     """A rank other than 0: load, then run each step rank 0 plans until "stop"."""
     with contextlib.suppress(OSError):  # die with the parent (Linux): no rank outlives rank 0
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     _set_threads(parallel, torch.device(engine.device))
     state = None
     try:
-        state = build_rank(engine, cfg, parallel, rank, port, dtype)
+        state = build_rank(engine, cfg, parallel, rank, port, dtype, aux_layers)
         while True:
             command = state.group.broadcast_command()
             kind = command[0]
@@ -131,7 +140,16 @@ def worker_main(engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig
 class ParallelGroup:
     """Rank 0's handle on the group: the ranks' processes, and rank 0's own state."""
 
-    def __init__(self, engine: EngineConfig, cfg: ModelConfig, parallel: ParallelConfig, dtype: torch.dtype):
+    def __init__(
+        self,
+        engine: EngineConfig,
+        cfg: ModelConfig,
+        parallel: ParallelConfig,
+        dtype: torch.dtype,
+        aux_layers: tuple[int, ...] = (),
+        draft_embedding: bool = False,
+    ):
+        """`aux_layers`, `draft_embedding`: for an EAGLE-3 head on rank 0 (see build_rank)."""
         if torch.distributed.is_initialized():
             raise ParallelError("this process already runs a parallel group; close that engine first")
         self.parallel = parallel
@@ -141,7 +159,10 @@ class ParallelGroup:
         ctx = mp.get_context("spawn")
         self.processes = [
             ctx.Process(
-                target=worker_main, args=(engine, cfg, parallel, rank, port, dtype), name=f"rank-{rank}", daemon=True
+                target=worker_main,
+                args=(engine, cfg, parallel, rank, port, dtype, aux_layers),
+                name=f"rank-{rank}",
+                daemon=True,
             )
             for rank in range(1, parallel.world_size)
         ]
@@ -149,7 +170,7 @@ class ParallelGroup:
             p.start()
         self.closed = False
         try:
-            self.state = build_rank(engine, cfg, parallel, 0, port, dtype)
+            self.state = build_rank(engine, cfg, parallel, 0, port, dtype, aux_layers, draft_embedding)
         except Exception as exc:
             dead = self._dead()  # before close kills the rest: a rank that died first is the cause
             self.close(kill=True)

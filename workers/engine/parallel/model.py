@@ -21,7 +21,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
-from workers.engine.models.aux_states import run_layers
+from workers.engine.models.aux_states import check_aux_layers, run_layers
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
 from workers.engine.parallel.layers import (
@@ -99,7 +99,7 @@ class ShardedStage(nn.Module):
         self.aux_layer_ids: tuple[int, ...] = ()
         self.aux_hidden_states: torch.Tensor | None = None
         self.model_dir = None  # where the weights came from (load_from)
-        self._draft_embedding: dict[str, nn.Embedding] = {}  # a dict: not a submodule of the stage
+        self._draft_embedding: torch.Tensor | None = None  # the whole table, read once (draft_embedding)
 
     def _tie(self) -> None:
         if self.config.tie_word_embeddings and self.embed_tokens is not None and self.lm_head is not None:
@@ -143,9 +143,7 @@ class ShardedStage(nn.Module):
         """As models/aux_states.py, on every rank: a stage's first rank keeps the outputs of
         those of the layers its stage holds (`aux_hidden_states`, in the order named); the
         other ranks of the stage have the same ones and keep none."""
-        bad = [i for i in layer_ids if not 0 <= i < self.config.num_layers]
-        if bad:
-            raise ModelLoadError(f"aux hidden state layers {bad} are not layers of this model")
+        check_aux_layers(layer_ids, self.config.num_layers)
         self.aux_layers = tuple(layer_ids)
         start = self.group.stage_bounds[self.group.stage][0]
         if self.group.tp_rank == 0:
@@ -160,13 +158,13 @@ class ShardedStage(nn.Module):
         """The whole embedding, for a head that shares it (rank 0, the first stage). Without
         tensor parallelism this rank holds it; otherwise only its vocabulary rows, so the table
         is read from the checkpoint, once (`build_rank` reads it before sizing the KV cache)."""
-        if not self._draft_embedding:
+        if self._draft_embedding is None:
             if self.group.tp == 1:
-                weight = self.embed_tokens.weight[: self.config.vocab_size]
+                self._draft_embedding = self.embed_tokens.weight.detach()[: self.config.vocab_size]
             else:
-                weight = self._checkpoint_tensor("model.embed_tokens.weight").to(self.embed_tokens.weight)
-            self._draft_embedding["weight"] = nn.Embedding.from_pretrained(weight, freeze=True)
-        return self._draft_embedding["weight"]
+                weight = self._checkpoint_tensor("model.embed_tokens.weight")
+                self._draft_embedding = weight.to(self.embed_tokens.weight)
+        return nn.Embedding.from_pretrained(self._draft_embedding, freeze=True)
 
     def _checkpoint_tensor(self, name: str) -> torch.Tensor:
         for path in weight_files(self.model_dir):
