@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.engine.checkpoints import build_eagle3_head
-from tests.engine.test_spec_decode import PROMPTS
+from tests.engine.test_spec_decode import PROMPTS, assert_same, generate
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import ModelLoadError, RequestError
 
@@ -15,28 +15,23 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=48, logprobs=1, ignore_eos=T
 EVERY_STEP = {"disable_by_batch_size": 8, "draft_backoff": 0}  # draft (and roll back) at every step
 
 
-def outputs(llm: LLM, prompts) -> list:
-    return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS)]
-
-
 def assert_close(got, want) -> None:
     """Same tokens; logprobs within the parallel group's rounding (its sums are all-reduced)."""
     for g, w in zip(got, want, strict=True):
-        assert g.token_ids == w.token_ids
-        assert max(abs(a[t] - b[t]) for a, b, t in zip(g.logprobs, w.logprobs, g.token_ids, strict=True)) < 1e-3
+        assert_same(g, w, tol=1e-3)
 
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
 def test_ngram_on_a_parallel_group_gives_the_single_device_tokens(checkpoint_factory, tp, pp):
     model_dir = checkpoint_factory("llama")
     prompts = PROMPTS
-    want = outputs(LLM(str(model_dir), dtype="float32", block_size=4), prompts)
+    want = generate(LLM(str(model_dir), dtype="float32", block_size=4), prompts, PARAMS)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, **EVERY_STEP}
     with LLM(
         str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         speculative_config=spec,
     ) as llm:  # fmt: skip
-        got = outputs(llm, prompts)
+        got = generate(llm, prompts, PARAMS)
         stats = llm.engine.spec_stats()
         free = llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
     assert_close(got, want)
@@ -53,7 +48,7 @@ def test_eagle3_on_a_parallel_group_drafts_as_on_one_device(checkpoint_factory, 
     head = build_eagle3_head(tmp_path / "head", model_dir, seed=6, random_norms=True)
     spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, **EVERY_STEP}
     prompts = [PROMPTS[0], PROMPTS[2][:41]]
-    want = outputs(LLM(str(model_dir), dtype="float32", block_size=4), prompts)
+    want = generate(LLM(str(model_dir), dtype="float32", block_size=4), prompts, PARAMS)
 
     def first_drafts(llm: LLM) -> list[list[int]]:
         engine = llm.engine
@@ -72,7 +67,7 @@ def test_eagle3_on_a_parallel_group_drafts_as_on_one_device(checkpoint_factory, 
         speculative_config=spec,
     ) as llm:  # fmt: skip
         drafts = first_drafts(llm)
-        got = outputs(llm, prompts)
+        got = generate(llm, prompts, PARAMS)
         stats = llm.engine.spec_stats()
     assert drafts == first_drafts(one) and all(len(d) == 3 for d in drafts)
     assert_close(got, want)
