@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.freeze import freeze
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import RequestError
 from workers.engine.tiered_cache import KVTierConfig
@@ -243,9 +244,14 @@ def test_a_hung_store_never_stalls_the_running_batch(llama_dir, recomputed, mast
     running = eng.add_request("running", [5, 6, 7], params)
     while running.num_output_tokens == 0:
         eng.step()
-    os.kill(proc.pid, signal.SIGSTOP)
     try:
+        freeze(proc.pid)  # stopped for real before the lookup is sent
         waiting = eng.add_request("waiting", PROMPT, PARAMS)
+        eng.step()  # starts the lookup on a loader thread
+        stats = eng.tier_stats()
+        assert waiting.status.value == "waiting" and stats["loads_inflight"] == 1, (
+            f"the lookup did not wait on the stopped master: {waiting.status.value}, {stats}"
+        )
         tokens_while_loading = 0
         started = time.monotonic()
         while waiting.status.value == "waiting":

@@ -21,6 +21,7 @@ import redis
 from django.conf import settings
 from websockets.asyncio.client import connect as ws_connect
 
+from tests.support.freeze import freeze
 from tests.support.stack import (
     committed,
     demo_model,
@@ -412,8 +413,8 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
         assert (await long.next_event()).TYPE == "accepted"
         os.kill(pid, signal.SIGTERM)
         await until(lambda: replica_status(draining).get("state") == "draining", 10, "the drain")
-        os.kill(pid, signal.SIGSTOP)
         try:
+            freeze(pid)  # before its status is written for it: a running thread could still write its own
             idle = json.dumps({"running": 0, "waiting": 0})
             client.hset(protocol.status_key(draining), mapping={"state": "ready", "load": idle,
                                                                  "heartbeat": f"{time.time():.3f}"})  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from tests.support.freeze import freeze
 from tests.support.stack import wait_for
 from workers.bench.processes import start_replica
 from workers.protocol import replica as protocol
@@ -126,8 +127,8 @@ def test_a_layout_mismatch_is_refused_and_the_decode_replica_prefills_itself(rep
 def test_a_stopped_prefill_replica_times_out_into_a_local_prefill(replicas):
     client, prefill = replicas["redis"], replicas["procs"][PREFILL]
     colocated, _ = generate(client, COLOCATED, LONG)
-    prefill.send_signal(signal.SIGSTOP)
     try:
+        freeze(prefill.pid)
         events, seconds = generate(client, DECODE, LONG, prefill=PREFILL)
     finally:
         prefill.send_signal(signal.SIGCONT)

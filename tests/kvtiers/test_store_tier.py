@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.kvtiers.blocks import keys_and_hashes, make_block, make_blocks
+from tests.support.freeze import freeze
 from tests.support.stack import wait_for
 from workers.kvtiers import MooncakeStoreTier, pack_block
 from workers.kvtiers.master import free_port, start_master, start_segment_server, stop_master
@@ -177,7 +178,7 @@ def test_master_hung_then_dead_then_back(tmp_path, caplog):
         def warnings():  # the outage warnings (a put refused for want of room right after is another matter)
             return [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "workers.kvtiers.store"]
 
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         # A put needs the master (a get of blocks just read may not: the client can remember
         # where they are, and was seen to serve them from a stopped master).
         assert _timed(tier.put_many, make_blocks(2, seed=44)) < timeout + 0.3
