@@ -179,7 +179,8 @@ def master():
     proc = start_master(port, metrics)
     pool = start_segment_server(f"127.0.0.1:{port}", 64 << 20, free_port())
     yield f"127.0.0.1:{port}", proc, f"127.0.0.1:{metrics}"
-    os.kill(proc.pid, signal.SIGCONT)  # in case a test left it stopped
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)  # in case a test left it stopped
     stop_master(pool)
     stop_master(proc)
 
@@ -218,6 +219,69 @@ def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, ma
         assert time.monotonic() < deadline, "the store never reported the pool's capacity"
         time.sleep(0.1)
     llm.engine.close()
+
+
+def test_a_turn_the_store_lost_is_put_again(llama_dir, recomputed, master):
+    """A put that failed (the master hung), and blocks put before the master restarted with an
+    empty pool, are put again at the next finish of a turn holding them."""
+    from workers.kvtiers.master import free_port, start_master, start_segment_server, stop_master
+
+    address, proc, metrics = master
+    tiers = {"store_master": address, "store_segment_bytes": 0, "timeout_s": 1.0}
+    llm = engine(llama_dir, kv_tiers=tiers)
+    connected(llm)
+    eng = llm.engine
+    store = eng.tiers.store
+
+    def turn(name: str) -> int:
+        """Bytes the store tier wrote for one more session turn of PROMPT."""
+        before = store.stats.bytes_written
+        eng.add_request(name, PROMPT, PARAMS, session_turn=True)
+        while eng.has_unfinished_requests():
+            eng.step()
+        assert eng.tiers.flush(), "the store writes did not finish"
+        return store.stats.bytes_written - before
+
+    def back(connections: int) -> None:
+        deadline = time.monotonic() + 30
+        while not (store.stats.available and store.connections > connections):
+            assert time.monotonic() < deadline, "the store never reconnected"
+            time.sleep(0.05)
+
+    # A hung master: the put times out and is forgotten, so the next turn puts the blocks.
+    connections = store.connections
+    try:
+        freeze(proc.pid)
+        assert turn("hung") == 0 and not store.stats.available
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    back(connections)
+    assert turn("after the outage") > 0
+    assert turn("put already") == 0
+
+    # The master dies and a new one takes its port with an empty pool.
+    stop_master(proc)
+    deadline = time.monotonic() + 10
+    while store.stats.available:  # a lookup notices
+        assert store.get_many(["a-key"], [0]) == [None]
+        assert time.monotonic() < deadline, "the store tier never noticed its master died"
+    connections = store.connections
+    port, metrics_port = int(address.rpartition(":")[2]), int(metrics.rpartition(":")[2])
+    new_master = start_master(port, metrics_port)
+    new_pool = start_segment_server(address, 64 << 20, free_port())
+    try:
+        back(connections)
+        assert turn("after the restart") > 0
+        reader = engine(llama_dir, kv_tiers=tiers)
+        connected(reader)
+        got = answer(reader)
+        assert reader.engine.tier_stats()["blocks_loaded"]["store"] == 15
+        assert got[0] == recomputed[0]
+        reader.engine.close()
+    finally:
+        llm.engine.close()
+        stop_master(new_pool)
+        stop_master(new_master)
 
 
 def test_an_unreachable_store_costs_nothing_but_the_hits(llama_dir, recomputed):

@@ -8,7 +8,8 @@ What moves when:
   deployment, so only blocks likely to be read again go there: when a request finishes, its full
   blocks are put if the request was a session turn (the gateway saw a session key: the next turn
   starts with this context) or if its prompt hit a cache at admission (its prefix has proved
-  reusable). A block this engine already put is not put again.
+  reusable). A block this engine already put is not put again, unless that put failed or the
+  store has reconnected since (a restarted master starts with an empty pool).
 - **Lookup on a prefix miss.** A waiting request whose prompt continues past what the device
   cache holds looks the following blocks up in host DRAM at once (a memory copy), then, for what
   DRAM lacks, in the store and on disk on a background thread. While that load is in flight the
@@ -144,7 +145,11 @@ class TieredCache:
         self._writes: queue.Queue = queue.Queue(maxsize=256)
         self._writer = threading.Thread(target=self._write_loop, name="kv-tier-write", daemon=True)
         self._writer.start()
-        self._in_store: OrderedDict[int, None] = OrderedDict()  # hashes this engine put (bounded)
+        # Hashes this engine put (or queued) since the store last connected; bounded. Touched by
+        # the engine's thread and the writer's.
+        self._in_store: OrderedDict[int, None] = OrderedDict()
+        self._in_store_lock = threading.Lock()
+        self._in_store_connection = 0  # the store's `connections` when _in_store was started
         self.blocks_loaded = {"dram": 0, "store": 0, "disk": 0}  # blocks used by admissions
         self.load_seconds = 0.0
         self.dropped_writes = 0
@@ -191,27 +196,41 @@ class TieredCache:
         the rule in the module docstring says they will be read again."""
         if self.store is None or not (seq.session_turn or seq.num_cached_tokens > 0):
             return
+        if not self.store.stats.available:  # the put would be refused: skip copying the blocks out
+            return
         items = []
-        for i, (bid, h) in enumerate(zip(seq.block_table, seq.block_hashes, strict=False)):
-            if h in self._in_store:
-                self._in_store.move_to_end(h)
-                continue
-            items.append(self._payload((bid, h, self._tokens_of(seq.token_ids, i))))
-            self._in_store[h] = None
-        while len(self._in_store) > 1 << 20:
-            self._in_store.popitem(last=False)
-        if items:
-            self._enqueue(self.store, items)
+        with self._in_store_lock:
+            if self._in_store_connection != self.store.connections:
+                self._in_store.clear()
+                self._in_store_connection = self.store.connections
+            for i, (bid, h) in enumerate(zip(seq.block_table, seq.block_hashes, strict=False)):
+                if h in self._in_store:
+                    self._in_store.move_to_end(h)
+                    continue
+                items.append(self._payload((bid, h, self._tokens_of(seq.token_ids, i))))
+                self._in_store[h] = None
+            while len(self._in_store) > 1 << 20:
+                self._in_store.popitem(last=False)
+        if items and not self._enqueue(self.store, items):
+            self._not_in_store(items)
+
+    def _not_in_store(self, items: list[tuple[str, int, bytes]]) -> None:
+        """A put of these was dropped or failed: a later finish puts them again."""
+        with self._in_store_lock:
+            for _, h, _ in items:
+                self._in_store.pop(h, None)
 
     def _tokens_of(self, token_ids: list[int], index: int) -> tuple[int, ...]:
         bs = self.block_size
         return tuple(token_ids[index * bs : (index + 1) * bs])
 
-    def _enqueue(self, tier: KVTier, items: list) -> None:
+    def _enqueue(self, tier: KVTier, items: list) -> bool:
         try:
             self._writes.put_nowait((tier, items))
         except queue.Full:
             self.dropped_writes += len(items)
+            return False
+        return True
 
     def _write_loop(self) -> None:
         while True:
@@ -220,7 +239,8 @@ class TieredCache:
                 if job is None:
                     return
                 tier, items = job
-                tier.put_many(items)
+                if not tier.put_many(items) and tier is self.store:
+                    self._not_in_store(items)
             except Exception:  # a tier must never take the writer down with it
                 log.exception("writing %d blocks to the %s tier failed", len(items), tier.name)
             finally:

@@ -82,18 +82,20 @@ class KVTier(ABC):
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
 
-    def put_many(self, items: list[tuple[str, int, bytes]]) -> None:
-        """Store (key, block hash, payload from pack_block) items; never raises."""
+    def put_many(self, items: list[tuple[str, int, bytes]]) -> bool:
+        """Store (key, block hash, payload from pack_block) items; never raises. False when the
+        backend failed (the items may be partly stored)."""
         if not items:
-            return
+            return True
         started = time.perf_counter()
         try:
             written = self._put_many(items)
         except Exception as exc:
             self._failed("put", exc)
-            return
+            return False
         self._succeeded()
         self._count(bytes_written=written, write_seconds=time.perf_counter() - started)
+        return True
 
     def get_many(self, keys: list[str], hashes: list[int]) -> list[bytes | None]:
         """Verified payloads in the order of `keys`, None for a miss; a backend failure is a

@@ -113,6 +113,9 @@ class MooncakeStoreTier(KVTier):
         self._state_lock = threading.Lock()
         self._warned = False  # an outage was logged and its end is not yet
         self._connected_once = False
+        # Incremented at every (re)connection: the master keeps no state across restarts, so
+        # what was put before a reconnection may be gone (tiered_cache.py forgets it then).
+        self.connections = 0
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="kv-store-reconnect", daemon=True)
@@ -138,6 +141,7 @@ class MooncakeStoreTier(KVTier):
             if self._closed.is_set():
                 return
             self.stats.available = True
+            self.connections += 1
             back, self._warned = self._warned and self._connected_once, False
             self._connected_once = True
         log.info("Mooncake store at %s %s", self.master_address, "reconnected" if back else "connected")
