@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -221,67 +222,109 @@ def test_store_shares_a_session_turn_between_processes(llama_dir, recomputed, ma
     llm.engine.close()
 
 
-def test_a_turn_the_store_lost_is_put_again(llama_dir, recomputed, master):
-    """A put that failed (the master hung), and blocks put before the master restarted with an
-    empty pool, are put again at the next finish of a turn holding them."""
+def session_turn(llm: LLM, name: str) -> int:
+    """Bytes the store tier wrote for one more session turn of PROMPT."""
+    eng, store = llm.engine, llm.engine.tiers.store
+    before = store.stats.bytes_written
+    eng.add_request(name, PROMPT, PARAMS, session_turn=True)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.tiers.flush(), "the store writes did not finish"
+    return store.stats.bytes_written - before
+
+
+def pool_bytes(metrics: str) -> int:
+    """The pool's capacity, from the master's metrics (0 while they do not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "master_total_capacity_bytes":
+            return int(float(value))
+    return 0
+
+
+def test_a_put_the_store_refused_is_tried_again(llama_dir):
+    """A master with no pool yet refuses every put (it answers: no reconnection, no new epoch);
+    once a segment server lends memory, the next turn puts the blocks the refused put held."""
     from workers.kvtiers.master import free_port, start_master, start_segment_server, stop_master
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    procs = [start_master(port, free_port())]
+    llm = None
+    try:
+        llm = engine(llama_dir, kv_tiers={"store_master": address, "store_segment_bytes": 0, "timeout_s": 5.0})
+        connected(llm)
+        store = llm.engine.tiers.store
+        epoch, errors = store.epoch, store.stats.errors
+        assert session_turn(llm, "no pool") == 0
+        assert store.stats.errors > errors and store.stats.available
+        procs.append(start_segment_server(address, 64 << 20, free_port()))
+        assert session_turn(llm, "a pool") > 0
+        assert session_turn(llm, "put already") == 0
+        assert store.epoch == epoch  # put again because it had failed, not because of a reconnection
+    finally:
+        if llm is not None:
+            llm.engine.close()
+        for proc in reversed(procs):
+            stop_master(proc)
+
+
+def test_a_turn_the_store_lost_is_put_again(llama_dir, recomputed, master):
+    """A turn that finished while the master hung copied nothing out; the one after it
+    reconnected puts the blocks. A master restarted with an empty pool, which no call may see
+    fail, is noticed by the tier's marker: the next turn puts the blocks again."""
+    from workers.kvtiers.master import start_master, stop_master
 
     address, proc, metrics = master
     tiers = {"store_master": address, "store_segment_bytes": 0, "timeout_s": 1.0}
     llm = engine(llama_dir, kv_tiers=tiers)
-    connected(llm)
-    eng = llm.engine
-    store = eng.tiers.store
+    store = llm.engine.tiers.store
+    new_master = reader = None
 
-    def turn(name: str) -> int:
-        """Bytes the store tier wrote for one more session turn of PROMPT."""
-        before = store.stats.bytes_written
-        eng.add_request(name, PROMPT, PARAMS, session_turn=True)
-        while eng.has_unfinished_requests():
-            eng.step()
-        assert eng.tiers.flush(), "the store writes did not finish"
-        return store.stats.bytes_written - before
-
-    def back(connections: int) -> None:
+    def next_epoch(epoch: int) -> None:
         deadline = time.monotonic() + 30
-        while not (store.stats.available and store.connections > connections):
-            assert time.monotonic() < deadline, "the store never reconnected"
+        while not (store.stats.available and store.epoch > epoch):
+            assert time.monotonic() < deadline, "the store tier never saw the master come back"
             time.sleep(0.05)
 
-    # A hung master: the put times out and is forgotten, so the next turn puts the blocks.
-    connections = store.connections
     try:
-        freeze(proc.pid)
-        assert turn("hung") == 0 and not store.stats.available
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-    back(connections)
-    assert turn("after the outage") > 0
-    assert turn("put already") == 0
+        connected(llm)
+        epoch = store.epoch
+        try:
+            freeze(proc.pid)
+            assert session_turn(llm, "hung") == 0 and not store.stats.available
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        next_epoch(epoch)
+        assert session_turn(llm, "after the outage") > 0
+        assert session_turn(llm, "put already") == 0
 
-    # The master dies and a new one takes its port with an empty pool.
-    stop_master(proc)
-    deadline = time.monotonic() + 10
-    while store.stats.available:  # a lookup notices
-        assert store.get_many(["a-key"], [0]) == [None]
-        assert time.monotonic() < deadline, "the store tier never noticed its master died"
-    connections = store.connections
-    port, metrics_port = int(address.rpartition(":")[2]), int(metrics.rpartition(":")[2])
-    new_master = start_master(port, metrics_port)
-    new_pool = start_segment_server(address, 64 << 20, free_port())
-    try:
-        back(connections)
-        assert turn("after the restart") > 0
-        reader = engine(llama_dir, kv_tiers=tiers)
+        epoch = store.epoch
+        stop_master(proc)
+        port, metrics_port = int(address.rpartition(":")[2]), int(metrics.rpartition(":")[2])
+        new_master = start_master(port, metrics_port)
+        next_epoch(epoch)
+        deadline = time.monotonic() + 30
+        while pool_bytes(metrics) < 64 << 20:  # the fixture's segment server rejoins it
+            assert time.monotonic() < deadline, "the segment server never rejoined the new master"
+            time.sleep(0.1)
+        assert session_turn(llm, "after the restart") > 0
+        reader = engine(llama_dir, kv_tiers={**tiers, "timeout_s": 5.0})
         connected(reader)
         got = answer(reader)
         assert reader.engine.tier_stats()["blocks_loaded"]["store"] == 15
         assert got[0] == recomputed[0]
-        reader.engine.close()
     finally:
-        llm.engine.close()
-        stop_master(new_pool)
-        stop_master(new_master)
+        for one in (reader, llm):
+            if one is not None:
+                one.engine.close()
+        if new_master is not None:
+            stop_master(new_master)
 
 
 def test_an_unreachable_store_costs_nothing_but_the_hits(llama_dir, recomputed):

@@ -15,15 +15,22 @@ from pathlib import Path
 
 
 def is_stopped(pid: int) -> bool:
-    """Whether every thread of `pid` is stopped (state T in /proc/<pid>/task/*/stat)."""
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    """Whether every thread of `pid` is stopped (state T in /proc/<pid>/task/*/stat); a thread
+    that is exiting counts as stopped. Raises ProcessLookupError once the process has exited."""
+    states = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        raise ProcessLookupError(f"process {pid} has exited") from None
+    for task in tasks:
         try:
-            stat = (task / "stat").read_text()
-        except FileNotFoundError:  # the thread exited meanwhile
+            stat = task.joinpath("stat").read_text()
+        except OSError:  # the thread exited meanwhile
             continue
-        states.append(stat.rpartition(")")[2].split()[0])  # the name in () may hold spaces
-    return bool(states) and all(s in "tT" for s in states)
+        states[int(task.name)] = stat.rpartition(")")[2].split()[0]  # the name in () may hold spaces
+    if states.get(pid, "Z") in "ZX":
+        raise ProcessLookupError(f"process {pid} has exited")
+    return all(state in "tTZX" for state in states.values())
 
 
 def freeze(pid: int, timeout: float = 10.0) -> None:

@@ -149,7 +149,7 @@ class TieredCache:
         # the engine's thread and the writer's.
         self._in_store: OrderedDict[int, None] = OrderedDict()
         self._in_store_lock = threading.Lock()
-        self._in_store_connection = 0  # the store's `connections` when _in_store was started
+        self._in_store_epoch = 0  # the store's `epoch` when _in_store was started
         self.blocks_loaded = {"dram": 0, "store": 0, "disk": 0}  # blocks used by admissions
         self.load_seconds = 0.0
         self.dropped_writes = 0
@@ -198,19 +198,20 @@ class TieredCache:
             return
         if not self.store.stats.available:  # the put would be refused: skip copying the blocks out
             return
-        items = []
+        todo = []
         with self._in_store_lock:
-            if self._in_store_connection != self.store.connections:
+            if self._in_store_epoch != self.store.epoch:  # what was put may be gone
                 self._in_store.clear()
-                self._in_store_connection = self.store.connections
+                self._in_store_epoch = self.store.epoch
             for i, (bid, h) in enumerate(zip(seq.block_table, seq.block_hashes, strict=False)):
                 if h in self._in_store:
                     self._in_store.move_to_end(h)
                     continue
-                items.append(self._payload((bid, h, self._tokens_of(seq.token_ids, i))))
+                todo.append((bid, h, self._tokens_of(seq.token_ids, i)))
                 self._in_store[h] = None
             while len(self._in_store) > 1 << 20:
                 self._in_store.popitem(last=False)
+        items = [self._payload(block) for block in todo]  # copies out of the device, unlocked
         if items and not self._enqueue(self.store, items):
             self._not_in_store(items)
 

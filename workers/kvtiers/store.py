@@ -21,6 +21,13 @@ its own connection to the master and re-registers its segment when the master re
 retrying means probing, not building a new client. Blocks put before the master went away are
 gone with its index.
 
+A master restarted between two calls goes unnoticed by the calls themselves: the client reconnects
+to the new master on the same address by itself, and the pool is empty. So once connected, the
+tier puts a small marker object of its own and checks every `reconnect_s` that it still exists.
+`epoch` goes up at every (re)connection and whenever the marker is gone (a restarted master, or
+an eviction under pressure): what this client put before may be gone then (tiered_cache.py
+forgets which blocks it put).
+
 Puts skip keys the store holds (objects are immutable; re-sending the bytes would be wasted), and
 a get tells a miss from a dead master by asking which of the empty answers exist (a missing key
 and an unreachable master both read as b'').
@@ -35,6 +42,7 @@ import queue
 import socket
 import threading
 import urllib.request
+import uuid
 
 from workers.kvtiers.base import KVTier, TierError, TierUnavailable
 
@@ -113,9 +121,9 @@ class MooncakeStoreTier(KVTier):
         self._state_lock = threading.Lock()
         self._warned = False  # an outage was logged and its end is not yet
         self._connected_once = False
-        # Incremented at every (re)connection: the master keeps no state across restarts, so
-        # what was put before a reconnection may be gone (tiered_cache.py forgets it then).
-        self.connections = 0
+        self.epoch = 0  # see the module docstring
+        self._marker = f"switchyard-kvtiers-marker-{uuid.uuid4().hex}"
+        self._marker_held = False  # the marker was put since the last (re)connection
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="kv-store-reconnect", daemon=True)
@@ -140,8 +148,9 @@ class MooncakeStoreTier(KVTier):
         with self._state_lock:
             if self._closed.is_set():
                 return
+            self.epoch += 1  # before `available`: no caller sees the new connection with the old epoch
+            self._marker_held = False
             self.stats.available = True
-            self.connections += 1
             back, self._warned = self._warned and self._connected_once, False
             self._connected_once = True
         log.info("Mooncake store at %s %s", self.master_address, "reconnected" if back else "connected")
@@ -154,10 +163,13 @@ class MooncakeStoreTier(KVTier):
                     return
                 if reason is None:
                     self._found()
+                    self._check_marker()
                 else:
                     self._lost(reason)
-            elif self.metrics_address:
-                self._read_pool_usage()
+            else:
+                self._check_marker()
+                if self.metrics_address:
+                    self._read_pool_usage()
             self._wake.wait(self.reconnect_s)
             self._wake.clear()
 
@@ -220,6 +232,22 @@ class MooncakeStoreTier(KVTier):
             self._set_up = True
             return
         self._exists([_PROBE_KEY])
+
+    def _check_marker(self) -> None:
+        """On the supervisor thread, while connected: put the marker, or see that it is still
+        there; a marker gone since it was put starts a new epoch."""
+        try:
+            if self._marker_held and self._call(self._exists, [self._marker])[0]:
+                return
+            if self._marker_held:
+                with self._state_lock:
+                    self.epoch += 1
+                    self._marker_held = False
+                log.info("Mooncake store at %s lost this client's objects (restarted or evicted)", self.master_address)
+            self._call(self._put, [self._marker], [b"\x01"])
+            self._marker_held = True
+        except TierError as exc:  # an outage was marked by _call; a full pool is tried again later
+            log.debug("the store's marker: %s", exc)
 
     def _read_pool_usage(self) -> None:
         try:
@@ -302,6 +330,11 @@ class MooncakeStoreTier(KVTier):
     def close(self, timeout_s: float = 15.0) -> None:
         """Unmount this client's segment (see the module docstring for how long that stops the
         process); waits at most `timeout_s`, then leaves it to the call thread."""
+        if self._marker_held and self.stats.available:  # leave nothing behind in the pool
+            try:
+                self._call(self._remove, [self._marker])
+            except TierError as exc:
+                log.debug("removing the store's marker: %s", exc)
         with self._state_lock:
             self._closed.set()
             self.stats.available = False
