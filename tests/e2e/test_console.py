@@ -139,6 +139,13 @@ def test_deployments_create_validate_and_stop(page):
 
 
 def test_playground_streams_the_answer_token_by_token(page):
+    frames: list[dict] = []  # what the playground's socket receives (it opens when the page does)
+
+    def watch(ws) -> None:
+        if "/ws/generate/" in ws.url:
+            ws.on("framereceived", lambda payload: frames.append(json.loads(payload)))
+
+    page.on("websocket", watch)
     page.get_by_role("link", name="Playground", exact=True).click()
     page.get_by_label("Deployment").select_option("demo")
     # Record every change of the answer's text as it happens.
@@ -156,8 +163,13 @@ def test_playground_streams_the_answer_token_by_token(page):
     expect(log.locator(".stats")).to_contain_text("TTFT")
     # The gateway's prediction (– when it had no token ids) beside what the replica reported.
     expect(log.locator(".stats .cached")).to_have_text(re.compile(r"^cached tokens predicted (\d+|–) / actual \d+$"))
+    tokens = [f["text"] for f in frames if f.get("type") == "token"]
+    assert len(tokens) >= 3, frames  # streamed in several events, not all at once
+    assert "".join(tokens).strip() == "The capital of Japan is Tokyo."
+    # The page showed it growing (React may render several events at once when starved of CPU,
+    # so how many steps it showed is not asserted).
     distinct = list(dict.fromkeys(page.evaluate("window.__texts")))
-    assert len(distinct) >= 3, distinct  # it grew in several steps, not all at once
+    assert distinct and distinct[-1].endswith("The capital of Japan is Tokyo."), distinct
     assert all(b.startswith(a) for a, b in itertools.pairwise(distinct)), distinct
     shot(page, "playground-answer")
 

@@ -79,8 +79,13 @@ def test_replica_survives_a_redis_outage_and_serves_when_it_returns(model_dir, t
         events = _events(pubsub, lambda evs: any(e.get("finish_reason") for e in evs), 30)
         assert [e["type"] for e in events] == ["accepted"] + ["delta"] * 8 and events[0]["id"] == rid
         assert events[-1]["usage"]["completion_tokens"] == 8
-        load = json.loads(client.hget(protocol.status_key(REPLICA), "load"))
-        assert load["running"] == 0 and load["kv_blocks_free"] == load["kv_blocks_total"]  # the aborted one freed
+
+        def idle() -> dict | None:  # `load` is written by the heartbeat, which may predate the finish
+            load = json.loads(client.hget(protocol.status_key(REPLICA), "load"))
+            return load if load["running"] == 0 else None
+
+        load = wait_for(idle, 10, "a heartbeat after the request finished")
+        assert load["kv_blocks_free"] == load["kv_blocks_total"]  # the aborted one freed
         assert pid_alive(process.pid) and "Redis is back" in log_path.read_text()
     finally:
         process.kill()

@@ -181,11 +181,11 @@ def test_master_hung_then_dead_then_back(tmp_path, caplog):
         freeze(proc.pid)
         # A put needs the master (a get of blocks just read may not: the client can remember
         # where they are, and was seen to serve them from a stopped master).
-        assert _timed(tier.put_many, make_blocks(2, seed=44)) < timeout + 0.3
+        assert _timed(tier.put_many, make_blocks(2, seed=44)) < timeout + 1.0
         assert not tier.stats.available
         for _ in range(5):  # unavailable: answered at once, all misses, puts dropped
-            assert _timed(tier.put_many, make_blocks(2, seed=41)) < 0.05
-            assert _timed(tier.get_many, keys, hashes) < 0.05
+            assert _timed(tier.put_many, make_blocks(2, seed=41)) < timeout / 2
+            assert _timed(tier.get_many, keys, hashes) < timeout / 2
         assert tier.get_many(keys, hashes) == [None] * 4
         assert len(warnings()) == 1
         errors = tier.stats.errors
@@ -197,8 +197,8 @@ def test_master_hung_then_dead_then_back(tmp_path, caplog):
 
         proc.kill()
         proc.wait()
-        assert _timed(tier.put_many, make_blocks(2, seed=42)) < timeout + 0.3
-        assert _timed(tier.get_many, keys, hashes) < timeout + 0.3
+        assert _timed(tier.put_many, make_blocks(2, seed=42)) < timeout + 1.0
+        assert _timed(tier.get_many, keys, hashes) < timeout + 1.0
         wait_for(lambda: not tier.stats.available, 5, "the tier to notice the master is gone")
         assert len(warnings()) == 2 and tier.stats.errors > errors
 
@@ -225,7 +225,7 @@ def test_a_tier_started_before_its_master_connects_when_it_comes(tmp_path, caplo
     proc = None
     try:
         item = make_block(0, seed=50)
-        assert _timed(tier.put_many, [item]) < 0.05
+        assert _timed(tier.put_many, [item]) < 0.5
         assert tier.get_many([item[0]], [item[1]]) == [None]
         assert not tier.stats.available and tier.stats.errors == 2  # the put and the get
         wait_for(lambda: [r for r in caplog.records if r.levelno == logging.WARNING], 15, "the warning")

@@ -54,11 +54,20 @@ def master_command(
     ]
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (another process may still take it before we do)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now (another process may still take it before we do), and not
+    one this process was handed before: two calls in a row may otherwise get the same port, as
+    the first is not bound until its server starts."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def _listening(host: str, port: int) -> bool:
