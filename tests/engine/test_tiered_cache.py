@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -235,16 +234,12 @@ def session_turn(llm: LLM, name: str) -> int:
 
 def pool_bytes(metrics: str) -> int:
     """The pool's capacity, from the master's metrics (0 while they do not answer)."""
+    from workers.kvtiers.store import read_pool_metrics
+
     try:
-        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        return read_pool_metrics(metrics, 5).get("master_total_capacity_bytes", 0)
     except OSError:
         return 0
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "master_total_capacity_bytes":
-            return int(float(value))
-    return 0
 
 
 def test_a_put_the_store_refused_is_tried_again(llama_dir):

@@ -35,6 +35,19 @@ def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
 
 
+def read_tensor(model_dir: str | Path, name: str) -> torch.Tensor | None:
+    """One tensor of the checkpoint, read alone (None when no file holds it); errors as
+    `iter_tensors`."""
+    for path in weight_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                if name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    return f.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
+            raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
+    return None
+
+
 def weights_identity(model_dir: str | Path, sample_bytes: int = 1 << 16) -> str:
     """A short name for these exact weights, the same on every node: blake2b over config.json
     and, per weight file, its size, its safetensors header and samples of its data at its

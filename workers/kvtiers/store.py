@@ -52,6 +52,19 @@ _RPC_ERRORS = range(-999, -899)  # Mooncake's RPC error codes: the master is unr
 _PROBE_KEY = "switchyard-kvtiers-probe"
 
 
+def read_pool_metrics(metrics_address: str, timeout_s: float) -> dict[str, int]:
+    """The pool's `master_allocated_bytes` and `master_total_capacity_bytes` from the master's
+    metrics at host:port (those it reports); OSError when they do not answer."""
+    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("master_allocated_bytes", "master_total_capacity_bytes"):
+            values[name] = int(float(value))
+    return values
+
+
 class _CallThread:
     """One daemon thread that runs the submitted calls in order. A daemon, so a call stuck in
     Mooncake never holds up the interpreter's exit."""
@@ -251,16 +264,10 @@ class MooncakeStoreTier(KVTier):
 
     def _read_pool_usage(self) -> None:
         try:
-            with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=self.timeout_s) as resp:
-                text = resp.read().decode()
+            values = read_pool_metrics(self.metrics_address, self.timeout_s)
         except OSError as exc:
             log.debug("reading the store master's metrics failed: %s", exc)
             return
-        values = {}
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("master_allocated_bytes", "master_total_capacity_bytes"):
-                values[name] = int(float(value))
         self.stats.used_bytes = values.get("master_allocated_bytes", self.stats.used_bytes)
         self.stats.capacity_bytes = values.get("master_total_capacity_bytes", self.stats.capacity_bytes)
 

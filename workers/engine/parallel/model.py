@@ -21,6 +21,7 @@ from workers.engine.errors import ModelLoadError
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.loader import read_tensor
 from workers.engine.models.aux_states import check_aux_layers, run_layers
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
@@ -162,19 +163,13 @@ class ShardedStage(nn.Module):
             if self.group.tp == 1:
                 self._draft_embedding = self.embed_tokens.weight.detach()[: self.config.vocab_size]
             else:
-                weight = self._checkpoint_tensor("model.embed_tokens.weight")
+                weight = read_tensor(self.model_dir, "model.embed_tokens.weight")
+                if weight is None:
+                    raise ModelLoadError(
+                        "the checkpoint has no model.embed_tokens.weight for the EAGLE-3 head to share"
+                    )
                 self._draft_embedding = weight.to(self.embed_tokens.weight)
         return nn.Embedding.from_pretrained(self._draft_embedding, freeze=True)
-
-    def _checkpoint_tensor(self, name: str) -> torch.Tensor:
-        for path in weight_files(self.model_dir):
-            try:
-                with safe_open(str(path), framework="pt", device="cpu") as f:
-                    if name in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                        return f.get_tensor(name)
-            except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
-                raise ModelLoadError(f"{path}: cannot read safetensors ({exc})") from exc
-        raise ModelLoadError(f"the checkpoint has no {name} for the EAGLE-3 head to share")
 
     def logits(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(x.index_select(0, logits_indices))).float()
