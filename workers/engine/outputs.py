@@ -11,8 +11,9 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None
+    error: str | None = None  # why the engine ended this sample (finish_reason "error")
 
 
 @dataclass
@@ -41,3 +42,6 @@ class RequestDelta:
     num_cached_tokens: int
     stop_reason: int | str | None = None
     index: int = 0  # which of the request's `n` samples (parallel_sampling.py)
+    # The engine failed while stepping this request (finish_reason "error"): what went wrong,
+    # one line; the traceback is in the engine's log. Every other request carries on.
+    error: str | None = None
