@@ -371,7 +371,8 @@ class ErrorEvent(Wire):
     """The request ended, or was never admitted. `status` is HTTP's: 400 for the request's own
     fault (`param` names the parameter, `code` is OpenAI's: `invalid_value`,
     `context_length_exceeded`), 503 when the replica is draining (the gateway tries another),
-    500 for the replica failing."""
+    500 for the replica failing: code `engine_error` when the engine failed while stepping this
+    request alone (the others carry on; resumed elsewhere it would fail the same way)."""
 
     TYPE: ClassVar[str] = "error"
     final: ClassVar[bool] = True
@@ -383,6 +384,8 @@ class ErrorEvent(Wire):
     code: str | None = None
     version: int = VERSION
 
+
+ENGINE_ERROR = "engine_error"  # ErrorEvent.code: the engine failed on this one request
 
 Event = AcceptedEvent | DeltaEvent | ErrorEvent
 EVENTS: dict[str, type[Event]] = {cls.TYPE: cls for cls in (AcceptedEvent, DeltaEvent, ErrorEvent)}

@@ -41,6 +41,7 @@ class Histogram:
 class ReplicaMetrics:
     requests_finished: int = 0
     requests_aborted: int = 0
+    requests_errored: int = 0  # ended by the engine failing on them (error events "engine_error")
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -64,6 +65,7 @@ class ReplicaMetrics:
         return {
             "requests_finished": self.requests_finished,
             "requests_aborted": self.requests_aborted,
+            "requests_errored": self.requests_errored,
             "prompt_tokens": self.prompt_tokens,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "generation_tokens": self.generation_tokens,

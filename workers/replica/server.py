@@ -299,6 +299,9 @@ class ReplicaServer:
             req = self.inflight.get(d.request_id)
             if req is None:
                 continue
+            if d.finish_reason == "error":
+                self._engine_failed(d.request_id, req, d.error)
+                continue
             self.metrics.token(req.arrived, req.last_token_at, now, len(d.new_token_ids))
             if req.first_token_at is None:
                 req.first_token_at = now
@@ -328,6 +331,19 @@ class ReplicaServer:
                 if req.meta:
                     event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
+
+    def _engine_failed(self, rid: str, req: Inflight, cause: str | None) -> None:
+        """The engine failed while stepping `rid` and ended it (every sample; the traceback is in
+        its log): the request ends with one error event, the others carry on. Its other samples'
+        error deltas find it gone and are dropped."""
+        self.inflight.pop(rid, None)
+        self.engine.abort_request(rid)  # a no-op when the engine ended every sample, as it does
+        self.metrics.requests_errored += 1
+        cause = cause or "an unknown error"
+        log.error("request %s failed in the engine: %s; the other %d request(s) carry on", rid, cause,
+                  len(self.inflight))  # fmt: skip
+        message = f"the engine failed on request {rid}: {cause}; other requests were not affected"
+        self._send(req.reply_to, ErrorEvent(rid, 500, message, code=protocol.ENGINE_ERROR))
 
     def _flush(self) -> None:
         """Send this pass's events in one write, without waiting for Redis' replies: they are
