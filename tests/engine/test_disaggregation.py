@@ -2,6 +2,8 @@
 blocks, a decode engine reserves blocks, receives their bytes and decodes on. (The bytes are
 copied with torch here; tests/integration/test_pd.py moves them with Mooncake between processes.)"""
 
+import dataclasses
+
 import pytest
 
 from workers.engine import LLM, SamplingParams
@@ -24,7 +26,7 @@ def run_to_end(eng: LLMEngine, rid: str) -> list:
 
 
 def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], params: SamplingParams):
-    first_params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=params.logprobs)
+    first_params = dataclasses.replace(params, max_tokens=1, n=1)  # as the prefill replica runs it
     prefill.add_request(rid, prompt, first_params, hold_blocks=True)
     (first,) = run_to_end(prefill, rid)
     assert first.finished and rid in prefill.held

@@ -76,9 +76,9 @@ class LLM:
                 out.num_cached_tokens = delta.num_cached_tokens
                 if delta.finished:
                     comp.finish_reason = delta.finish_reason
-                    out.finished = all(c.finish_reason is not None for c in out.outputs)
-                    comp.finish_reason = delta.finish_reason
                     comp.stop_reason = delta.stop_reason
+                    comp.error = delta.error  # finish_reason "error": the engine failed on this request alone
+                    out.finished = all(c.finish_reason is not None for c in out.outputs)
         return [results[rid] for rid in order]
 
     def chat(

@@ -15,7 +15,7 @@ import torch
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
-from workers.engine.errors import RequestError
+from workers.engine.errors import RequestError, describe
 from workers.engine.loader import eos_token_ids, load_model, weights_identity
 from workers.engine.memory import rank_memory
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
@@ -145,6 +145,7 @@ class LLMEngine:
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
         self.held: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
+        self.num_request_errors = 0  # requests ended by a failure while stepping them (_fail)
         progress("loaded", 1.0)
 
     # -- requests -----------------------------------------------------------------------------
@@ -210,14 +211,11 @@ class LLMEngine:
         return seq
 
     def check_params(self, params: SamplingParams) -> None:
-        """What SamplingParams cannot check alone: logit_bias ids within this vocabulary, and
-        `n` > 1 only where forking samples is built."""
+        """What SamplingParams cannot check alone: logit_bias ids within this vocabulary."""
         vocab = self.model_config.vocab_size
         bad = [t for t in params.logit_bias or () if t >= vocab]
         if bad:
             raise RequestError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}", "logit_bias")
-        if params.n > 1 and self.drafter is not None:
-            raise RequestError("n > 1 with speculative decoding is not built yet", "n")
 
     def check_grammar(self, params: SamplingParams) -> None:
         """Compile the request's grammar now (it is cached for when the request is added), so a
@@ -263,9 +261,9 @@ class LLMEngine:
     ) -> RequestDelta:
         """Admit a request whose prompt K/V another replica wrote into `block_ids` (from
         `reserve_blocks`) and which sampled `first_token`; returns that token's delta. The
-        sequence then decodes here like any other."""
-        if sampling_params.n > 1:
-            raise RequestError("n > 1 is not built yet on a disaggregated deployment", "n")
+        sequence then decodes here like any other. With `n` > 1 the prefill replica computed
+        sample 0 (n=1, the same seed); samples 1..n-1 fork from the received blocks here and
+        sample their own first tokens."""
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
         seq.session_turn = session_turn  # the whole turn, output included, goes to the KV store
         if len(block_ids) != self.block_manager.blocks_needed(len(prompt_token_ids)):
@@ -276,6 +274,8 @@ class LLMEngine:
         seq.num_cached_tokens = num_cached_tokens
         self.requests[request_id] = seq
         self.scheduler.add_running(seq)
+        if sampling_params.n > 1:  # the prompt was computed once, over there: the other samples fork here
+            self._fork(seq)
         self.num_generated_tokens += 1
         return self._process(seq, [first_token], [first_logprobs or {first_token: 0.0}])
 
@@ -305,12 +305,19 @@ class LLMEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        drafts = self._propose() if self._speculating() else {}
+        """One batched model step: schedule → execute → sample or verify → process.
+
+        A failure met while drafting, sampling or processing one request ends that request
+        alone (`_fail`: finish_reason "error", its blocks and grammar released) and the rest of
+        the batch goes on. A failure of the batched forward pass is not one request's: it
+        propagates, and the replica process restarts."""
+        failed: list[RequestDelta] = []
+        drafts = self._propose(failed) if self._speculating() else {}
         batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
             if self.tiers is not None:  # only loads from a tier are pending: wait for one
                 self.tiers.wait(timeout=0.05)
-            return []
+            return failed
         starts = [item.seq.num_computed_tokens for item in batch.all] if self.feeds_drafter else None
         verify_started = time.perf_counter()
         # A parallel group brings the head's states to rank 0 only for a step it may feed them from.
@@ -321,21 +328,71 @@ class LLMEngine:
         for item in sampling:
             seq = item.seq
             if seq.params.n > len(seq.group) and seq.num_output_tokens == 0:
-                self._fork(seq)
-        if not any(item.draft_token_ids for item in sampling):
-            result = self.sampler(logits, [item.seq for item in sampling])
-            self.num_generated_tokens += len(sampling)
-            deltas = [
-                self._process(item.seq, [token], [logprobs])
-                for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True)
-            ]
-        else:
-            deltas = self._verify(logits, sampling)
+                try:
+                    self._fork(seq)
+                except Exception as exc:
+                    failed += self._fail(seq, exc)
+        verifying = any(item.draft_token_ids for item in sampling)
+        outcomes = self._sample(logits, sampling)
+        deltas = []
+        for item, outcome in zip(sampling, outcomes, strict=True):
+            seq = item.seq
+            if seq.is_finished:  # failed with another sample of its request this step
+                continue
+            if isinstance(outcome, Exception):
+                failed += self._fail(seq, outcome)
+                continue
+            tokens, logprobs = outcome
+            if item.draft_token_ids:
+                self.spec.record(len(item.draft_token_ids), len(tokens) - 1)
+                self.backoff.record(seq, len(tokens) - 1)
+            try:
+                delta = self._process(seq, tokens, logprobs, verified=bool(item.draft_token_ids))
+            except Exception as exc:
+                failed += self._fail(seq, exc)
+                continue
+            self.num_generated_tokens += len(delta.new_token_ids)
+            deltas.append(delta)
+        if verifying:
+            self.spec.num_verify_steps += 1
             self.spec.verify_seconds += time.perf_counter() - verify_started
         # Feed a hidden-state drafter when the next step will draft (the batch as it stands now:
         # a large batch's prefill is not fed, since it would not draft).
         if self.feeds_drafter and self._speculating() and self.runner.aux_hidden_states is not None:
             self._observe(batch, starts)
+        return deltas + failed
+
+    def _fail(self, seq: Sequence, exc: Exception) -> list[RequestDelta]:
+        """End `seq`'s request, every sample of it, because stepping it raised `exc`: its blocks
+        and drafter state are released and each unfinished sample gets a final delta with
+        finish_reason "error". The traceback goes to the log; the delta says what in one line."""
+        message = describe(exc)
+        log.error("request %s failed in the engine: %s", seq.request_id, message, exc_info=exc)
+        self.num_request_errors += 1
+        deltas = []
+        for sample in seq.group:
+            if sample.is_finished:
+                continue
+            sample.finish_reason, sample.hold_blocks = "error", False
+            self.scheduler.finish(sample)
+            if self.drafter is not None:
+                self.drafter.release(sample)
+            deltas.append(
+                RequestDelta(
+                    request_id=sample.request_id,
+                    new_token_ids=[],
+                    new_text="",
+                    new_logprobs=[] if sample.logprobs is not None else None,
+                    finished=True,
+                    finish_reason="error",
+                    num_prompt_tokens=sample.num_prompt_tokens,
+                    num_output_tokens=sample.num_output_tokens,
+                    num_cached_tokens=sample.num_cached_tokens,
+                    index=sample.index,
+                    error=message,
+                )
+            )
+        self.requests.pop(seq.request_id, None)
         return deltas
 
     def _fork(self, seq: Sequence) -> None:
@@ -367,10 +424,12 @@ class LLMEngine:
         self.drafter.observe(entries)
         self.spec.draft_seconds += time.perf_counter() - started
 
-    def _propose(self) -> dict[Sequence, list[int]]:
+    def _propose(self, failed: list[RequestDelta]) -> dict[Sequence, list[int]]:
         """Drafts for this step's decoding sequences. A sequence never gets more guesses than
         could be emitted: the step emits up to one more token than it accepts, within
-        max_tokens and the context."""
+        max_tokens and the context; a constrained one's draft is cut where its grammar refuses
+        a token or ends (so verification only meets states the grammar can reach). A request
+        whose grammar fails here is ended (appended to `failed`)."""
         started = time.perf_counter()
         seqs, limits = [], []
         for seq in self.scheduler.running:
@@ -387,12 +446,47 @@ class LLMEngine:
         if not seqs:
             return {}
         proposals = self.drafter.propose(seqs, limits)
+        drafts = {}
+        for seq, draft, n in zip(seqs, proposals, limits, strict=True):
+            draft = draft[:n]
+            if draft and seq.grammar is not None:
+                try:
+                    draft = seq.grammar.valid_prefix(draft)
+                except Exception as exc:
+                    failed += self._fail(seq, exc)
+                    continue
+            if draft:
+                drafts[seq] = draft
         self.spec.draft_seconds += time.perf_counter() - started
-        return {seq: draft[:n] for seq, draft, n in zip(seqs, proposals, limits, strict=True) if draft}
+        return drafts
 
-    def _verify(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[RequestDelta]:
-        """A step where some sequences verify drafts: their rows go to `Sampler.verify`, the
-        others' (one each) to the sampler as usual; deltas keep the batch order."""
+    def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[tuple[list[int], list] | Exception]:
+        """Each sampling sequence's (tokens, logprobs): sampled, or verified when it drafts. If
+        the batch raises, its sequences are sampled one at a time, and the exception of the one
+        at fault is its outcome (the others' are as in the batch: sampling is per row)."""
+        try:
+            return self._sample_batch(logits, sampling)
+        except Exception as exc:
+            if len(sampling) == 1:
+                return [exc]
+            log.warning("sampling a batch of %d failed (%s); sampling one at a time", len(sampling), describe(exc))
+        outcomes: list[tuple[list[int], list] | Exception] = []
+        row = 0
+        for item in sampling:
+            n = 1 + len(item.draft_token_ids)
+            try:
+                outcomes += self._sample_batch(logits[row : row + n], [item])
+            except Exception as exc:
+                outcomes.append(exc)
+            row += n
+        return outcomes
+
+    def _sample_batch(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[tuple[list[int], list]]:
+        """`_sample` for a batch that does not fail: a sequence that drafts has 1 + len(draft)
+        rows, verified by `Sampler.verify`; the others' (one each) go to the sampler as usual."""
+        if not any(item.draft_token_ids for item in sampling):
+            result = self.sampler(logits, [item.seq for item in sampling])
+            return [([t], [lp]) for t, lp in zip(result.token_ids, result.logprobs, strict=True)]
         plain_rows, verify_rows = [], []
         row = 0
         for item in sampling:
@@ -411,15 +505,7 @@ class LLMEngine:
         )
         for item, result in zip(verifying, verified, strict=True):
             results[id(item)] = (result.token_ids, result.logprobs)
-            self.spec.record(len(item.draft_token_ids), len(result.token_ids) - 1)
-            self.backoff.record(item.seq, len(result.token_ids) - 1)
-        self.spec.num_verify_steps += 1
-        deltas = []
-        for item in sampling:
-            tokens, lps = results[id(item)]
-            deltas.append(self._process(item.seq, tokens, lps, verified=bool(item.draft_token_ids)))
-            self.num_generated_tokens += len(deltas[-1].new_token_ids)
-        return deltas
+        return [results[id(item)] for item in sampling]
 
     def _process(self, seq: Sequence, token_ids: list[int], logprobs: list, verified: bool = False) -> RequestDelta:
         """Hand `seq` its new tokens (OutputProcessor) and retire it if they finished it.
@@ -465,6 +551,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.hits,
             "preemptions": self.scheduler.num_preemptions,
             "generated_tokens": self.num_generated_tokens,
+            "request_errors": self.num_request_errors,
         }
 
     def tier_stats(self) -> dict | None:

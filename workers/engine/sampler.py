@@ -16,8 +16,10 @@ A sequence with a grammar (structured.py) has its row masked after the penalties
 grammar forbids next become -inf, so greedy takes the best allowed token and sampling draws among
 the allowed ones. Other rows are untouched: a free request samples exactly as in a batch without
 constrained ones. In verification, the mask of the row after draft j is the grammar's state after
-drafts[:j]: the matcher is advanced through the drafts and rolled back (a draft the grammar
-refuses is rejected for certain, since its masked probability is 0).
+drafts[:j]: the matcher is advanced through the drafts and rolled back to where it was (the
+output processor then advances it by the tokens actually taken). Drafts reach verification cut to
+what the grammar accepts (GrammarState.valid_prefix), so every draft row has a reachable state;
+a row after a draft that ended the grammar allows only its stop tokens.
 """
 
 from __future__ import annotations
@@ -233,10 +235,11 @@ class Sampler:
                 if grammar is not None:
                     accepted = 0
                     for j in range(len(draft) + 1):
-                        grammar.fill(bitmask, first + j)
+                        grammar.fill(bitmask, first + j)  # past the grammar's end: only its stop tokens
                         masked.append(first + j)
-                        # Rows past a refused draft (or past the end) stay free: never emitted.
-                        if j == len(draft) or grammar.terminated or not grammar.accept(draft[j]):
+                        # The engine cut each draft to what the grammar accepts (valid_prefix); rows
+                        # past a refused draft would stay free: never emitted.
+                        if j == len(draft) or not grammar.accept(draft[j]):
                             break
                         accepted += 1
                     grammar.rollback(accepted)

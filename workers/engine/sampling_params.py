@@ -8,13 +8,17 @@ every other one. Each error is a RequestError naming the field.
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers.engine.errors import RequestError
+
+# A grammar spec's checks are the protocol's, shared with the gateway (re-exported for the engine).
+from workers.protocol.grammar import GRAMMAR_PARAMS, MAX_SPEC_BYTES, check_grammar
+
+__all__ = ["GRAMMAR_PARAMS", "MAX_SPEC_BYTES", "SamplingParams", "check_grammar", "check_logit_bias"]
 
 if TYPE_CHECKING:
     from workers.protocol.replica import WireSamplingParams
@@ -70,53 +74,6 @@ def _within(name: str, value, lo=None, hi=None, *, above: bool = False):
         want = f"in {bounds}" if bounds else f"{'>' if above else '>='} {lo}"
         raise RequestError(f"{name} must be {want}, got {_show(value)}", name)
     return value
-
-
-# The client's parameter each kind comes from, for a 400 naming it.
-GRAMMAR_PARAMS = {
-    "json_object": "response_format",
-    "json_schema": "response_format",
-    "regex": "structured_outputs",
-    "choice": "structured_outputs",
-    "grammar": "structured_outputs",
-    "tool_call": "tool_choice",
-}
-MAX_SPEC_BYTES = 256 * 1024  # a schema or grammar past this is refused before compiling
-
-
-def check_grammar(spec) -> dict:
-    """A structured-output spec's shape (structured.py compiles it), or a RequestError naming the parameter."""
-    if not isinstance(spec, dict) or spec.get("type") not in GRAMMAR_PARAMS:
-        raise RequestError(f"grammar must be an object whose type is one of {', '.join(GRAMMAR_PARAMS)}", "grammar")
-    kind = spec["type"]
-    param = GRAMMAR_PARAMS[kind]
-    expected = {
-        "json_object": {},
-        "json_schema": {"schema": dict},
-        "regex": {"regex": str},
-        "choice": {"choice": list},
-        "grammar": {"grammar": str},
-        "tool_call": {"tools": list},
-    }[kind]
-    for name, kinds in expected.items():
-        if not isinstance(spec.get(name), kinds):
-            raise RequestError(f"grammar.{name} must be a {kinds.__name__} for type {kind!r}", param)
-    extra = set(spec) - {"type", *expected}
-    if extra:
-        raise RequestError(f"unknown grammar field {sorted(extra)[0]!r}", param)
-    if kind == "choice" and not (spec["choice"] and all(isinstance(c, str) and c for c in spec["choice"])):
-        raise RequestError("choice must be a non-empty list of non-empty strings", param)
-    if kind == "tool_call" and not (
-        spec["tools"]
-        and all(
-            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("parameters", {}), dict)
-            for t in spec["tools"]
-        )
-    ):
-        raise RequestError("tools must be a non-empty list of {name, parameters}", param)
-    if len(json.dumps(spec)) > MAX_SPEC_BYTES:
-        raise RequestError(f"the {param} grammar is larger than {MAX_SPEC_BYTES} bytes", param)
-    return spec
 
 
 MAX_LOGIT_BIAS_ENTRIES = 1024

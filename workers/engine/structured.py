@@ -24,7 +24,6 @@ filling its budget with blanks.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -32,12 +31,12 @@ from pathlib import Path
 import torch
 import xgrammar as xgr
 
-from workers.engine.errors import RequestError
+from workers.engine.errors import RequestError, first_line
+from workers.engine.faults import injected_fault
 from workers.engine.sampling_params import GRAMMAR_PARAMS as PARAMS
 from workers.engine.sampling_params import check_grammar as check_spec
 
 CACHE_SIZE = 128  # compiled grammars kept (each is a few KB to a few MB with a large vocabulary)
-_LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:123: " prefix
 
 
 def _literal(text: str) -> str:
@@ -63,11 +62,6 @@ def _tool_call(tools: list[dict]) -> xgr.Grammar:
             )
         )
     return calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
-
-
-def _message(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return _LOCATION.sub("", text)
 
 
 def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xgr.TokenizerInfo:
@@ -137,11 +131,15 @@ class Grammars:
             return self.compiler.compile_grammar(_tool_call(spec["tools"]))
         except (RuntimeError, ValueError, TypeError) as exc:
             what = {"json_object": "JSON", "json_schema": "JSON schema", "tool_call": "tool parameter schema"}
+            cause = first_line(exc) or type(exc).__name__
             raise RequestError(
-                f"cannot compile the {what.get(kind, kind)} into a grammar: {_message(exc)}", PARAMS[kind]
+                f"cannot compile the {what.get(kind, kind)} into a grammar: {cause}", PARAMS[kind]
             ) from None
 
     def state(self, spec: dict) -> GrammarState:
+        fault = injected_fault(spec, self.vocab_size)
+        if fault is not None:
+            return fault
         return GrammarState(self.compile(spec), self.vocab_size)
 
 
@@ -167,8 +165,34 @@ class GrammarState:
         """The grammar is complete and its stop token was taken: the output is done."""
         return self.matcher.is_terminated()
 
+    def valid_prefix(self, tokens: list[int]) -> list[int]:
+        """The longest prefix of `tokens` the grammar accepts from here, ending at the latest
+        with the token that terminates it (a speculative draft is cut there before it is
+        verified). The state is unchanged afterwards."""
+        taken = 0
+        for token in tokens:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token):
+                break
+            taken += 1
+        self.rollback(taken)
+        return tokens[:taken]
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        """Row `row` of `bitmask`: the tokens allowed next. Past the grammar's end (its stop
+        token taken: a verify row after a draft that ended the output) only the stop tokens are;
+        xgrammar refuses to compute a mask there."""
+        if self.matcher.is_terminated():
+            only_tokens(bitmask, row, self.matcher.stop_token_ids)
+        else:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def only_tokens(bitmask: torch.Tensor, row: int, token_ids) -> None:
+    """Set bitmask row `row` (int32 words, bit i of word w is token 32w + i) to allow exactly `token_ids`."""
+    words = [0] * bitmask.shape[1]
+    for token in token_ids:
+        words[token // 32] |= 1 << (token % 32)
+    bitmask[row] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
 
 
 def allocate_masks(rows: int, vocab_size: int) -> torch.Tensor:

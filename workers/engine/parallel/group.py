@@ -6,6 +6,10 @@ Two kinds of traffic, two timeouts:
 - control (rank 0's step plans to the others, on gloo even with NCCL): the other ranks wait
   there while the replica idles, so its timeout is long; rank 0's death still shows at once,
   as a closed connection (and, offline, as the parent's death: launch.py).
+
+Ranks meet first on rank 0's TCP store, where rank 0 waits for every rank while watching their
+processes (launch.py); only then do they join, so joining (every group's connections) takes the
+compute timeout: a rank that dies meanwhile fails the start within it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch.distributed as dist
 from workers.engine.parallel.config import ParallelConfig
 
 CONTROL_TIMEOUT = timedelta(days=7)
-# Joining waits for every rank to start (spawn, import torch, on a loaded machine): longer.
+# How long a rank may take to reach the store (spawn, import torch, on a loaded machine).
 STARTUP_TIMEOUT = timedelta(seconds=300)
 
 
@@ -103,16 +107,27 @@ class RankGroup:
         return int(t.item())
 
 
-def join(parallel: ParallelConfig, rank: int, address: str, port: int, device: torch.device) -> RankGroup:
-    """Join the group as `rank` (rank 0 hosts the rendezvous store at address:port)."""
+def host_store(world_size: int) -> dist.TCPStore:
+    """Rank 0's rendezvous store, on a free local port (`.port`). It does not wait for the other
+    ranks: rank 0 waits for them itself, watching their processes (launch.py)."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=STARTUP_TIMEOUT, wait_for_workers=False)
+
+
+def connect_store(port: int) -> dist.TCPStore:
+    """A rank's connection to rank 0's store."""
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=STARTUP_TIMEOUT)
+
+
+def join(parallel: ParallelConfig, rank: int, store: dist.Store, device: torch.device) -> RankGroup:
+    """Join the group as `rank`, once every rank has reached `store` (see the module docstring)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=parallel.timeout_s)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{address}:{port}",
+        store=store,
         rank=rank,
         world_size=parallel.world_size,
-        timeout=STARTUP_TIMEOUT,
+        timeout=timeout,
         **({"device_id": device} if backend == "nccl" else {}),
     )
     group = RankGroup(parallel, rank, device)
@@ -123,7 +138,10 @@ def join(parallel: ParallelConfig, rank: int, address: str, port: int, device: t
         if stage == group.stage:
             group.tp_group = g
     group.world = dist.new_group(list(range(parallel.world_size)), timeout=timeout, backend=backend)
-    group.control = dist.new_group(list(range(parallel.world_size)), timeout=CONTROL_TIMEOUT, backend="gloo")
+    # Connected within the compute timeout too (a rank dead by then fails the start, not in a
+    # week); its collectives then get the long one.
+    group.control = dist.new_group(list(range(parallel.world_size)), timeout=timeout, backend="gloo")
+    dist.distributed_c10d._set_pg_timeout(CONTROL_TIMEOUT, group.control)
     return group
 
 

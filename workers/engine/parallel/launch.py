@@ -1,10 +1,15 @@
 """Starting a group: rank 0 (the engine's own process) spawns ranks 1.. and joins them.
 
 Offline (`LLM(..., tensor_parallel_size=2)`) rank 0 spawns the other ranks with
-multiprocessing's spawn start method, on a free local port. Each rank loads its shard, sizes
-its KV cache (the group takes the smallest count, so block ids mean the same everywhere), then
-serves rank 0's commands until told to stop. A rank whose parent dies exits at once (Linux
-parent-death signal), so killing rank 0 leaves nothing behind.
+multiprocessing's spawn start method; they meet on rank 0's TCP store. Each rank loads its
+shard, sizes its KV cache (the group takes the smallest count, so block ids mean the same
+everywhere), then serves rank 0's commands until told to stop. A rank whose parent dies exits
+at once (Linux parent-death signal), so killing rank 0 leaves nothing behind.
+
+Starting, rank 0 waits for the others twice: until every rank has reached the store ("joined")
+and until every rank has loaded ("loaded"). It waits on their processes as well, so a rank that
+exits (killed, failed to load, or a script without a main guard: see MAIN_GUARD) fails the
+start at once, naming the rank, its exit code and, from its report file, why.
 """
 
 from __future__ import annotations
@@ -13,14 +18,20 @@ import contextlib
 import ctypes
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import shutil
 import signal
-import socket
+import tempfile
 import time
 import traceback
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from workers.engine.config import MLA_ARCHITECTURES, EngineConfig, ModelConfig
 from workers.engine.memory import rank_memory
@@ -35,10 +46,25 @@ from workers.kvtransfer import ranks as kv_ranks
 log = logging.getLogger(__name__)
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+# Where a rank writes why it failed (a file named by its pid), for rank 0's error: rank 0
+# sees only an exit code otherwise. An environment variable, because a rank can fail before
+# it has its arguments (while spawn imports the main script).
+REPORTS_ENV = "SWITCHYARD_RANK_REPORTS"
+
+MAIN_GUARD = (
+    'the script that makes the LLM does so when imported, outside `if __name__ == "__main__":`; '
+    "each rank is a new Python process (multiprocessing's spawn) that imports that script again, "
+    "and so would start another LLM. Put the code that makes and uses the LLM under "
+    '`if __name__ == "__main__":`'
+)
+
+
+def report_failure(message: str) -> None:
+    """Leave rank 0 this rank's reason for failing (see REPORTS_ENV)."""
+    folder = os.environ.get(REPORTS_ENV)
+    if folder:
+        with contextlib.suppress(OSError):
+            Path(folder, str(os.getpid())).write_text(message)
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -75,18 +101,21 @@ def build_rank(
     cfg: ModelConfig,
     parallel: ParallelConfig,
     rank: int,
-    port: int,
+    store: dist.Store,
+    reached: Callable[[str], None],
     dtype: torch.dtype,
     aux_layers: tuple[int, ...] = (),
     draft_embedding: bool = False,
 ) -> RankState:
-    """This rank's stage, KV cache and runner. `aux_layers`: the layers an EAGLE-3 head on rank 0
-    reads (every stage keeps those it holds); `draft_embedding` (rank 0): the head shares the
-    target's embedding, whose whole table is made ready before the KV cache is sized."""
+    """This rank's stage, KV cache and runner. `reached(phase)`: this rank got to "joined" or
+    "loaded" (module docstring). `aux_layers`: the layers an EAGLE-3 head on rank 0 reads (every
+    stage keeps those it holds); `draft_embedding` (rank 0): the head shares the target's
+    embedding, whose whole table is made ready before the KV cache is sized."""
     device = rank_device(torch.device(engine.device), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    group = pgroup.join(parallel, rank, "127.0.0.1", port, device)
+    reached("joined")
+    group = pgroup.join(parallel, rank, store, device)
     group.stage_bounds = parallel.stage_layers(cfg.num_layers)
     stage = DeepseekStage if cfg.architecture in MLA_ARCHITECTURES else LlamaStage  # MLA + MoE, or dense
     model = stage.load(engine.model, cfg, group, dtype)
@@ -104,6 +133,7 @@ def build_rank(
             if device.type == "cuda"
             else engine.kv_cache_bytes // per_block
         )
+    reached("loaded")  # a rank that failed to load is named now, not seen as a broken collective
     blocks = group.min_int(blocks)
     runner = ParallelRunner(model, model.local, engine, device, dtype, blocks, group)
     return RankState(group, model, runner, blocks)
@@ -118,7 +148,15 @@ def worker_main(
     _set_threads(parallel, torch.device(engine.device))
     state = None
     try:
-        state = build_rank(engine, cfg, parallel, rank, port, dtype, aux_layers)
+        store = pgroup.connect_store(port)
+        steps = dist.PrefixStore("startup", store)
+
+        def reached(phase: str) -> None:
+            steps.set(f"{phase}/{rank}", "")
+            if phase == "joined":  # join only once rank 0 has seen every rank here (group.py)
+                steps.wait(["joined/0"])
+
+        state = build_rank(engine, cfg, parallel, rank, store, reached, dtype, aux_layers)
         while True:
             command = state.group.broadcast_command()
             kind = command[0]
@@ -130,8 +168,9 @@ def worker_main(
                 state.group.gather_objects(kv_ranks.serve(state, command[1], command[2]))
             elif kind == "stop":
                 break
-    except Exception:
+    except Exception as exc:
         log.error("rank %d failed:\n%s", rank, traceback.format_exc())
+        report_failure(f"{type(exc).__name__}: {exc}")
         os._exit(1)
     finally:
         pgroup.leave()
@@ -150,31 +189,75 @@ class ParallelGroup:
         draft_embedding: bool = False,
     ):
         """`aux_layers`, `draft_embedding`: for an EAGLE-3 head on rank 0 (see build_rank)."""
+        if getattr(mp.current_process(), "_inheriting", False):
+            # This process is a rank being spawned, importing the main script again (the test
+            # multiprocessing itself makes before refusing to start a process).
+            report_failure(MAIN_GUARD)
+            raise ParallelError(MAIN_GUARD)
         if torch.distributed.is_initialized():
-            raise ParallelError("this process already runs a parallel group; close that engine first")
-        self.parallel = parallel
-        self._threads = torch.get_num_threads()
-        _set_threads(parallel, torch.device(engine.device))
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        self.processes = [
-            ctx.Process(
-                target=worker_main,
-                args=(engine, cfg, parallel, rank, port, dtype, aux_layers),
-                name=f"rank-{rank}",
-                daemon=True,
+            raise ParallelError(
+                "this process already runs a parallel group, and runs one at a time: close the LLM that "
+                "started it first, with `llm.close()`, or make it with `with LLM(...) as llm:` so that it "
+                "closes at the end of the block (`del llm` does not stop its ranks)"
             )
-            for rank in range(1, parallel.world_size)
-        ]
-        for p in self.processes:
-            p.start()
+        self.parallel = parallel
+        self.processes: list[mp.process.BaseProcess] = []
         self.closed = False
+        self._threads = torch.get_num_threads()
+        self._reports = tempfile.mkdtemp(prefix="switchyard-ranks-")
+        self._remove_reports = weakref.finalize(self, shutil.rmtree, self._reports, ignore_errors=True)
+        _set_threads(parallel, torch.device(engine.device))
         try:
-            self.state = build_rank(engine, cfg, parallel, 0, port, dtype, aux_layers, draft_embedding)
-        except Exception as exc:
+            store = pgroup.host_store(parallel.world_size)
+            self._steps = dist.PrefixStore("startup", store)
+            ctx = mp.get_context("spawn")
+            self.processes = [
+                ctx.Process(
+                    target=worker_main,
+                    args=(engine, cfg, parallel, rank, store.port, dtype, aux_layers),
+                    name=f"rank-{rank}",
+                    daemon=True,
+                )
+                for rank in range(1, parallel.world_size)
+            ]
+            self._start_processes()
+            self.state = build_rank(engine, cfg, parallel, 0, store, self._reached, dtype, aux_layers, draft_embedding)
+        except BaseException as exc:
             dead = self._dead()  # before close kills the rest: a rank that died first is the cause
             self.close(kill=True)
+            if not isinstance(exc, Exception):
+                raise
             raise ParallelError(f"the parallel group did not start: {dead or exc}") from exc
+
+    def _start_processes(self) -> None:
+        previous = os.environ.get(REPORTS_ENV)
+        os.environ[REPORTS_ENV] = self._reports  # the ranks inherit it when spawned
+        try:
+            for p in self.processes:
+                p.start()
+        finally:
+            if previous is None:
+                del os.environ[REPORTS_ENV]
+            else:
+                os.environ[REPORTS_ENV] = previous
+
+    def _reached(self, phase: str) -> None:
+        """Rank 0 at `phase`: wait until every rank is there too. A rank that exits meanwhile fails
+        the start at once (its process's sentinel wakes the wait); one that does not reach the
+        store within STARTUP_TIMEOUT does too. Loading has no deadline: its length is the model's."""
+        ranks = range(1, self.parallel.world_size)
+        deadline = time.monotonic() + pgroup.STARTUP_TIMEOUT.total_seconds() if phase == "joined" else None
+        sentinels = [p.sentinel for p in self.processes]
+        while not self._steps.check([f"{phase}/{rank}" for rank in ranks]):
+            dead = self._dead()
+            if dead:
+                raise ParallelError(dead)
+            if deadline is not None and time.monotonic() > deadline:
+                late = [str(rank) for rank in ranks if not self._steps.check([f"{phase}/{rank}"])]
+                seconds = pgroup.STARTUP_TIMEOUT.total_seconds()
+                raise ParallelError(f"rank {', '.join(late)} did not start within {seconds:.0f} s")
+            mp.connection.wait(sentinels, timeout=0.1)
+        self._steps.set(f"{phase}/0", "")
 
     @property
     def runner(self) -> ParallelRunner:
@@ -194,11 +277,18 @@ class ParallelGroup:
         return self.state.num_blocks
 
     def _dead(self) -> str:
-        dead = [
-            f"rank {i + 1} (pid {p.pid}) exited with code {p.exitcode}"
-            for i, p in enumerate(self.processes)
-            if not p.is_alive()
-        ]
+        """Each rank that exited: its exit code and, if it left one, its report."""
+        dead = []
+        for rank, p in enumerate(self.processes, start=1):
+            if p.pid is None or p.is_alive():
+                continue
+            how = f"rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
+            if p.exitcode < 0:
+                with contextlib.suppress(ValueError):
+                    how += f" ({signal.Signals(-p.exitcode).name})"
+            with contextlib.suppress(OSError):
+                how += ": " + Path(self._reports, str(p.pid)).read_text()
+            dead.append(how)
         return "; ".join(dead)
 
     def check(self) -> None:
@@ -251,12 +341,15 @@ class ParallelGroup:
             except Exception:
                 kill = True
         for p in self.processes:
+            if p.pid is None:  # never started: the start failed before it
+                continue
             p.join(timeout=0 if kill else 10)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
         pgroup.leave()
         torch.set_num_threads(self._threads)
+        self._remove_reports()
 
     @property
     def pids(self) -> list[int]:
