@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import json
 
+import httpx
+import pytest
+import redis
+from channels.db import database_sync_to_async
+from django.conf import settings as django_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.config.asgi import application
+from controlplane.gateway.openai_request import parse_chat
+from controlplane.gateway.services import create_api_key
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParser
+from tests.support.played_replica import played_replica
+from workers.protocol.replica import DeltaEvent
 
 TRICKY = '</tool_call> <tool_call> \\ " { } [ ] < > / tool_call'  # what a string may hold that looks like structure
 
@@ -89,3 +99,133 @@ def test_at_the_end_a_complete_object_is_a_call_and_anything_else_is_text():
     assert content == "" and [c.name for c in calls] == ["f"]  # max_tokens cut the closing tag
     cut = '<tool_call>{"name": "f", "arguments": {"s": "</tool_call> and'
     assert feed_all(ToolCallParser(), [cut]) == [cut]  # a string never closed: nothing is lost
+
+
+# -- a forced call through the engine and every API ------------------------------------------------
+SAID = 'say "</tool_call>" \\ {}'  # the argument the grammar makes the model write
+RENDER_SCHEMA = {
+    "type": "object",
+    "properties": {"html": {"type": "string", "const": SAID}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["html", "n"],
+    "additionalProperties": False,
+}
+RENDER = {"type": "function", "function": {"name": "render", "parameters": RENDER_SCHEMA}}
+ASK = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def forced_output() -> list[tuple[str, int]]:
+    """What the demo model writes under the gateway's grammar for a forced call of RENDER: its
+    text token by token."""
+    from workers.engine import LLM, SamplingParams
+
+    req = parse_chat({"model": "m", "messages": ASK, "tools": [RENDER], "tool_choice": "required"})
+    llm = LLM("workers/demo/model", device="cpu", dtype="float32", block_size=4)
+    tok = llm.engine.tokenizer
+    params = SamplingParams(temperature=0, max_tokens=96, grammar=req.params.grammar)
+    [out] = llm.generate([{"prompt_token_ids": tok.prompt_ids(messages=req.messages, tools=req.template_tools)}],
+                         [params])  # fmt: skip
+    assert out.outputs[0].finish_reason == "stop"
+    ids = out.outputs[0].token_ids
+    texts = [tok.decode(ids[:i]) for i in range(len(ids) + 1)]
+    return [(texts[i + 1][len(texts[i]) :], token) for i, token in enumerate(ids)]
+
+
+def test_the_engine_writes_a_close_tag_inside_a_forced_calls_argument_and_it_stays_one_call(forced_output):
+    text = "".join(piece for piece, _ in forced_output)
+    assert text.count(CLOSE) == 2  # the argument's and the call's own
+    content, calls = split(feed_all(ToolCallParser(), [piece for piece, _ in forced_output]))
+    assert content == ""
+    [call] = calls
+    assert call.name == "render" and json.loads(call.arguments)["html"] == SAID
+
+
+def _sse(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _chat(body: dict, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
+    """(content, [(name, arguments)], finish_reason) of a chat completion."""
+    if not stream:
+        [choice] = body["choices"]
+        message = choice["message"]
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
+        return message["content"] or "", calls, choice["finish_reason"]
+    deltas = [c["choices"][0] for c in _sse(body) if c["choices"]]
+    calls = [(tc["function"]["name"], json.loads(tc["function"]["arguments"])) for d in deltas
+             for tc in d["delta"].get("tool_calls") or []]  # fmt: skip
+    content = "".join(d["delta"].get("content") or "" for d in deltas)
+    return content, calls, next(d["finish_reason"] for d in deltas if d["finish_reason"])
+
+
+def _responses(body, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
+    events = _sse(body) if stream else [{"type": "response.completed", "response": body}]
+    final = events[-1]["response"]
+    if stream:
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    else:
+        text = "".join(p["text"] for item in final["output"] if item["type"] == "message" for p in item["content"])
+    calls = [(i["name"], json.loads(i["arguments"])) for i in final["output"] if i["type"] == "function_call"]
+    return text, calls, final["status"]
+
+
+def _messages(body, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
+    if not stream:
+        text = "".join(b["text"] for b in body["content"] if b["type"] == "text")
+        return text, [(b["name"], b["input"]) for b in body["content"] if b["type"] == "tool_use"], body["stop_reason"]
+    events = _sse(body)
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    names = [e["content_block"]["name"] for e in events if e["type"] == "content_block_start"
+             and e["content_block"]["type"] == "tool_use"]  # fmt: skip
+    arguments = "".join(e["delta"].get("partial_json", "") for e in events if e["type"] == "content_block_delta")
+    calls = [(name, json.loads(arguments)) for name in names]
+    return text, calls, next(e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_forced_call_is_a_call_in_every_api_streamed_or_not(forced_output, django_user_model):
+    from tests.controlplane.test_session_turns import serve
+
+    def answer(rid: str, prompt_tokens: int) -> list:  # the engine's output, a token a delta
+        events = [DeltaEvent(rid, piece, [token]) for piece, token in forced_output]
+        events[-1].finish_reason = "stop"
+        events[-1].usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(events), "cached_tokens": 0}
+        return events
+
+    replica = await database_sync_to_async(serve)()
+    owner = await database_sync_to_async(django_user_model.objects.create_user)("caller")
+    _, key = await database_sync_to_async(create_api_key)(name="k", owner=owner)
+    flat = {"type": "function", "name": "render", "parameters": RENDER_SCHEMA}
+    claude = {"name": "render", "input_schema": RENDER_SCHEMA}
+    asks = [
+        ("/v1/chat/completions", {"messages": ASK, "tools": [RENDER], "tool_choice": "required"}, _chat, "tool_calls"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": [RENDER], "tool_choice": {
+            "type": "function", "function": {"name": "render"}}}, _chat, "tool_calls"),
+        ("/v1/responses", {"input": "hi", "tools": [flat], "tool_choice": "required", "store": False}, _responses,
+         "completed"),
+        ("/v1/responses", {"input": "hi", "tools": [flat], "tool_choice": {"type": "function", "name": "render"},
+                           "store": False}, _responses, "completed"),
+        ("/v1/messages", {"max_tokens": 96, "messages": ASK, "tools": [claude], "tool_choice": {"type": "any"}},
+         _messages, "tool_use"),
+        ("/v1/messages", {"max_tokens": 96, "messages": ASK, "tools": [claude], "tool_choice": {
+            "type": "tool", "name": "render"}}, _messages, "tool_use"),
+    ]  # fmt: skip
+    client = redis.Redis.from_url(django_settings.REDIS_URL, decode_responses=True)
+    transport = httpx.ASGITransport(app=application)
+    answers = []
+    try:
+        with played_replica(client, replica, answer=answer):
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
+                for path, body, read, finish in asks:
+                    for stream in (False, True):
+                        r = await http.post(path, headers={"Authorization": f"Bearer {key}"},
+                                            json={**body, "model": "turns", "stream": stream})  # fmt: skip
+                        assert r.status_code == 200, r.text
+                        answers.append((path, stream, read(r.text if stream else r.json(), stream), finish))
+    finally:
+        client.close()
+    for path, stream, (text, calls, finished), finish in answers:
+        assert (text, finished) == ("", finish), (path, stream)
+        [(name, arguments)] = calls
+        assert name == "render" and arguments["html"] == SAID, (path, stream)
