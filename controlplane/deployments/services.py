@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from controlplane.catalog import services as catalog
 from controlplane.common.errors import DomainError
+from controlplane.deployments import compatibility
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.deployments.specs import build_spec
 from controlplane.events.broadcast import publish
@@ -95,18 +96,9 @@ def _publish_replica(r: Replica) -> None:
 
 
 # -- validation ---------------------------------------------------------------------------------
-# Settings the model stores but nothing honours yet: (field, the value that means "off", what
-# to say). Any other value is refused with a 400 rather than accepted and ignored.
-DEPLOYMENT_NOT_BUILT = ()
-
+# Settings the engine does not run together are refused by the table in compatibility.py.
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")  # RFC 9110 token
 RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "cookie"})
-
-
-def _refuse_unbuilt(values: dict, table) -> None:
-    for name, off, message in table:
-        if values.get(name, off) not in (off, None):
-            raise DomainError(message, name)
 
 
 # Changing one of these checks the draft against the model's files again.
@@ -144,7 +136,6 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
             raise DomainError("a disaggregated deployment needs at least one prefill replica", "prefill_replicas")
         if data.get("decode_replicas", 0) < 1:
             raise DomainError("a disaggregated deployment needs at least one decode replica", "decode_replicas")
-    _refuse_unbuilt(data, DEPLOYMENT_NOT_BUILT)
     validate_parallel(data)
     model = data.get("model")
     max_len = data.get("max_model_len")
@@ -162,6 +153,7 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
             "model",
         )
     validate_speculation(data, check_files=changed is None or bool(changed & set(SPECULATION_FIELDS)))
+    compatibility.check_deployment(data, changed)  # combinations the engine refuses
     check_deployment_fits(data, changed)  # its weights fit the CUDA devices it would be placed on
 
 
@@ -551,6 +543,7 @@ def reconcile_all() -> dict[str, dict]:
 # -- cache policies -----------------------------------------------------------------------------
 def save_cache_policy(policy: CachePolicy, actor=None, created: bool = False) -> CachePolicy:
     validate_kv_tiers(policy)
+    compatibility.check_cache_policy(policy)  # tiers turned on under a parallel deployment
     header = policy.session_affinity_header.strip().lower()  # header names ignore case
     if not HEADER_NAME.fullmatch(header) or header in RESERVED_HEADERS:
         raise DomainError(

@@ -125,7 +125,12 @@ DEPLOYMENT_STATE_FIELDS = [
 class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
     cache_policy = serializers.SlugRelatedField(
-        slug_field="name", queryset=CachePolicy.objects.all(), required=False, allow_null=True
+        slug_field="name",
+        queryset=CachePolicy.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="a policy with KV tiers is refused with tensor_parallel or pipeline_parallel > 1 "
+        "(docs/operations.md, 'Settings refused together')",
     )
     draft_model = serializers.SlugRelatedField(
         slug_field="name",
@@ -173,6 +178,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
                 "(drafts with draft_model); colocated and decode replicas speculate, prefill replicas never"
             },
             "speculative_k": {"help_text": "tokens drafted per step (1-16), used by ngram and eagle3"},
+            **{
+                size: {
+                    "help_text": "ranks per replica (tensor_parallel x pipeline_parallel devices of one node); > 1 "
+                    "is refused with KV tiers and with models the engine cannot split so (docs/operations.md, "
+                    "'Settings refused together')"
+                }
+                for size in ("tensor_parallel", "pipeline_parallel")
+            },
         }
 
     def get_replica_states(self, obj) -> dict[str, int]:
