@@ -2,7 +2,8 @@
 touch it; see workers.protocol.control).
 
 - A `ReplicaEvent` moves one replica through the state machine (`transition_replica`), unless
-  a newer message about that replica was applied already (Celery may deliver out of order).
+  a newer message about that replica was applied already (Celery may deliver out of order). An
+  unexpected exit is also a `replica.crashed` event of its own (crashes.py).
 - A `NodeReport` is the agent's heartbeat: it refreshes the node and its devices, mirrors each
   replica's load and log into its row, and compares what runs with what the database says. A
   replica the database thinks is live on the node but that the agent does not run was lost
@@ -22,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common import redis as redis_client
+from controlplane.deployments import crashes
 from controlplane.deployments.models import Replica
 from controlplane.deployments.services import _send_after_commit, send_start, transition_replica
 from controlplane.inventory import services as inventory
@@ -45,7 +47,12 @@ def apply_replica_event(event: ReplicaEvent) -> Replica | None:
     """Apply one agent message; returns the replica if its state moved."""
     label = f"agent:{event.node}"
     with transaction.atomic():
-        r = Replica.objects.select_for_update(of=("self",)).select_related("node").filter(pk=event.replica_id).first()
+        r = (
+            Replica.objects.select_for_update(of=("self",))
+            .select_related("node", "deployment")
+            .filter(pk=event.replica_id)
+            .first()
+        )
         running = event.kind in ("started", "ready")
         if r is None or r.node is None or r.node.name != event.node:
             if running:
@@ -76,6 +83,8 @@ def apply_replica_event(event: ReplicaEvent) -> Replica | None:
             )
         tail = {"log_tail": event.log_tail} if event.log_tail else {}
         error = {"last_error": event.error} if event.error else {}
+        if crashes.is_crash(event):  # its own event, before the move it causes (restart or give up)
+            crashes.record_crash(r, event)
         if event.kind == "exited":  # restarting after its backoff: not routable meanwhile
             if r.state == State.DRAINING:
                 Replica.objects.filter(pk=r.pk).update(pid=None, **tail, **error, **common)

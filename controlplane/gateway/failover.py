@@ -16,6 +16,14 @@ Each resume is counted in Redis for `/metrics` (`switchyard_requests_resumed_tot
 `switchyard_requests_failover_failed_total` when no replica could take the request), recorded as
 a `request.resumed` event and listed in the answer's `x_switchyard.resumed`. FAILOVER=false turns
 it off; a request is resumed at most MAX_RESUMES times.
+
+Poison requests: a request that was in flight when a replica died may be what killed it. Sent on
+to another replica it is a suspect there (`Losses`, workers/protocol/suspects.py), so that if that
+replica dies too, its node agent attributes the death to the request and does not count it toward
+the replica's restart limit; and a request lost with a second replica (before or after either
+accepted it) is not sent to a third but ended with a 502 `replicas_lost`, counted
+(`switchyard_poison_requests_total`) and recorded as a `request.poison` event. One poison
+request so costs at most two deaths and one counted restart, never the deployment.
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ from django.conf import settings
 from controlplane.deployments.models import Deployment
 from controlplane.events.services import record_event
 from workers.protocol.replica import DeltaEvent, GenerateMessage, Resume
+from workers.protocol.suspects import SUSPECT_TTL_SECONDS, Suspect, suspects_key
 
 log = logging.getLogger(__name__)
-MAX_RESUMES = 2
-# Hash: "<deployment slug>:resumed" / "<deployment slug>:failed" -> count, across web processes.
+MAX_RESUMES = 1  # a second loss ends the request (Losses.poisoned) before a second resume could
+POISON_AFTER_LOSSES = 2
+# Hash: "<deployment slug>:<outcome>" -> count, across web processes.
 COUNTS_KEY = "switchyard:gateway:failover"
-OUTCOMES = ("resumed", "failed")
+OUTCOMES = ("resumed", "failed", "poison")
 
 
 def enabled() -> bool:
@@ -74,6 +84,56 @@ class Progress:
         )
 
 
+@dataclass
+class Losses:
+    """The replicas lost under one request, each with the request in flight (a death it may have
+    caused), and the suspect entry of the replica it runs on now, if it is a suspect there."""
+
+    request_id: str | None = None  # as the client knows it; None until placed (an attempt's own id)
+    lost: list[dict] = field(default_factory=list)  # {"replica", "incarnation"}, in order
+    mark: tuple[str, str] | None = None  # (key, field) of the suspect entry of the stream in flight
+
+    def add(self, replica_id: int, incarnation: str | None) -> None:
+        self.lost.append({"replica": replica_id, "incarnation": incarnation or ""})
+        self.mark = None  # that replica died with it: its agent reads the entry, so it stays
+
+    @property
+    def poisoned(self) -> bool:
+        return len(self.lost) >= POISON_AFTER_LOSSES
+
+    @property
+    def replicas(self) -> list[int]:
+        return [entry["replica"] for entry in self.lost]
+
+    async def mark_suspect(self, client: aioredis.Redis, replica_id: int, incarnation: str | None,
+                           attempt_id: str) -> None:  # fmt: skip
+        """Before the request goes to `replica_id` after a loss: written first, so the replica
+        cannot die of it unattributed. Without an incarnation to key it by (a replica too old to
+        report one) or with Redis away, it is sent unmarked: a death of it then counts."""
+        if not self.lost or not incarnation:
+            return
+        key = suspects_key(replica_id, incarnation)
+        value = Suspect(self.request_id or attempt_id, list(self.lost)).encode()
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                await pipe.hset(key, attempt_id, value).expire(key, SUSPECT_TTL_SECONDS).execute()
+        except aioredis.RedisError:
+            log.warning("could not mark %s a suspect on replica %s", attempt_id, replica_id, exc_info=True)
+            return
+        self.mark = (key, attempt_id)
+
+    async def clear(self, client: aioredis.Redis) -> None:
+        """The stream in flight ended some other way than by its replica's loss (finished, failed,
+        refused, abandoned): the replica's later deaths are not this request's."""
+        if self.mark is None:
+            return
+        (key, attempt_id), self.mark = self.mark, None
+        try:
+            await client.hdel(key, attempt_id)
+        except aioredis.RedisError:  # the entry expires by itself
+            log.warning("could not clear the suspect entry %s", attempt_id, exc_info=True)
+
+
 async def count(client: aioredis.Redis, deployment: Deployment, outcome: str) -> None:
     try:
         await client.hincrby(COUNTS_KEY, f"{deployment.slug}:{outcome}", 1)
@@ -82,7 +142,7 @@ async def count(client: aioredis.Redis, deployment: Deployment, outcome: str) ->
 
 
 def counts(client) -> dict[str, dict[str, int]]:
-    """{deployment slug: {"resumed": n, "failed": n}} (a synchronous client: `/metrics`)."""
+    """{deployment slug: {"resumed": n, "failed": n, "poison": n}} (a synchronous client: `/metrics`)."""
     out: dict[str, dict[str, int]] = {}
     for name, value in (client.hgetall(COUNTS_KEY) or {}).items():
         slug, _, outcome = name.rpartition(":")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from controlplane.deployments import crashes
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.gateway import failover, quality
 from workers.protocol import replica as protocol
@@ -58,6 +59,10 @@ class Exposition:
 COUNTERS = {
     "requests_finished": ("switchyard_requests_total", "Requests that finished (stop or length)."),
     "requests_aborted": ("switchyard_requests_aborted_total", "Requests aborted because the client went away."),
+    "requests_errored": (
+        "switchyard_engine_request_errors_total",
+        "Requests the engine failed on, ended alone with an engine_error (the others carried on).",
+    ),
     "prompt_tokens": ("switchyard_prompt_tokens_total", "Prompt tokens of finished requests."),
     "cached_prompt_tokens": ("switchyard_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache."),
     "generation_tokens": ("switchyard_generation_tokens_total", "Output tokens generated."),
@@ -164,7 +169,12 @@ FAILOVER_COUNTERS = {
     "resumed": ("switchyard_requests_resumed_total", "Requests resumed on another replica after theirs was lost."),
     "failed": ("switchyard_requests_failover_failed_total",
                "Requests whose replica was lost with no other replica to resume them on."),
+    "poison": ("switchyard_poison_requests_total",
+               "Requests failed, not resumed, after a second replica was lost under them (suspected of killing them)."),
 }  # fmt: skip
+CRASHES = ("switchyard_replica_crashes_total",
+           "Replica processes that exited unexpectedly; attributed: with a request in flight that a replica had died "
+           "under before (not counted toward the replica's restart limit).")  # fmt: skip
 
 
 # gateway/quality.py's sums. Achieved hit rate = cached / served input tokens; reachable =
@@ -248,6 +258,10 @@ def render(redis_client) -> str:
     for slug, outcomes in sorted(failover.counts(redis_client).items()):
         for key, (name, help_text) in FAILOVER_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])
+    for slug, outcomes in sorted(crashes.counts(redis_client).items()):
+        for outcome, count in sorted(outcomes.items()):
+            exp.add(CRASHES[0], "counter", CRASHES[1], {"deployment": slug},
+                    count, extra={"attributed": str(outcome == "attributed").lower()})  # fmt: skip
     for slug, sums in routing_quality(redis_client).items():
         for key, (name, help_text) in ROUTING_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, sums[key])

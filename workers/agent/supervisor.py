@@ -3,8 +3,11 @@
 The supervisor owns the child processes: it starts them from the spec the control worker sent,
 watches them (exit codes, the replica's own reports in Redis), restarts a crashed or hung one
 with exponential backoff up to a limit, then gives up with the last lines of its log; it drains
-and stops them on request. It never writes the database: every change is a `ReplicaEvent`
-handed to `report`, which the agent sends to the control worker.
+and stops them on request. Every unexpected exit is reported with its exit code (or signal) and
+log tail; one with a suspect request in flight (workers/protocol/suspects.py: it was in flight on
+a replica that died before) is that request's doing and does not count toward the limit. It
+never writes the database: every change is a `ReplicaEvent` handed to `report`, which the agent
+sends to the control worker.
 
 An agent that is killed leaves its replicas running (they are in their own session). Next to
 each replica's log it keeps the spec and the pid, so that the next agent on this node adopts
@@ -34,10 +37,24 @@ from workers.agent.config import AgentConfig
 from workers.protocol.control import ReplicaEvent, ReplicaReport
 from workers.protocol.kv_blocks import kv_index_key
 from workers.protocol.replica import HEARTBEAT_STALE_SECONDS, ReplicaSpec, ReplicaStatus, status_key
+from workers.protocol.suspects import Suspect, suspects_key
 from workers.protocol.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 UNKNOWN_EXIT = -1000  # an adopted process is not our child: its exit code cannot be read
+
+
+def describe_exit(code: int) -> tuple[str, str]:
+    """What ended a replica process, in words, and the signal's name if a signal did."""
+    if code == UNKNOWN_EXIT:
+        return "replica process exited (adopted after an agent restart: exit code unknown)", ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"replica process was killed by {name}", name
+    return f"replica process exited with code {code}", ""
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -110,6 +127,7 @@ class Managed:
     pid_path: Path
     process: subprocess.Popen | AdoptedProcess | None = None
     restarts: int = 0
+    forgiven: int = 0  # restarts after exits attributed to a request: not counted toward the limit
     want_running: bool = True
     restart_at: float | None = None
     kill_at: float | None = None
@@ -121,6 +139,10 @@ class Managed:
     @property
     def replica_id(self) -> int:
         return self.spec.replica_id
+
+    @property
+    def counted_restarts(self) -> int:
+        return self.restarts - self.forgiven
 
     @property
     def phase(self) -> str:
@@ -220,7 +242,7 @@ class Supervisor:
                 try:
                     spec = ReplicaSpec.from_json(spec_path.read_text())
                     m = self._managed(spec)
-                    pid, restarts = (int(x) for x in m.pid_path.read_text().split())
+                    pid, restarts, *forgiven = (int(x) for x in m.pid_path.read_text().split())
                 except (OSError, ValueError, TypeError):
                     spec_path.unlink(missing_ok=True)
                     continue
@@ -230,7 +252,7 @@ class Supervisor:
                     self._forget(m)
                     continue
                 m.process = AdoptedProcess(pid)
-                m.restarts = restarts
+                m.restarts, m.forgiven = restarts, forgiven[0] if forgiven else 0
                 self.replicas[spec.replica_id] = m
                 adopted.append(spec.replica_id)
                 log.info("adopted replica %s (pid %s), left running by an earlier agent", spec.replica_id, pid)
@@ -324,7 +346,7 @@ class Supervisor:
                 self._forget(m)
                 self._event(m, "failed", error=f"cannot start {args[0]}: {exc}", log_tail=tail(m.log_path))
                 return
-        m.pid_path.write_text(f"{m.process.pid} {m.restarts}")
+        m.pid_path.write_text(f"{m.process.pid} {m.restarts} {m.forgiven}")
         m.ready, m.status, m.heartbeat = False, {}, None
         m.restart_at = None
         self._event(m, "started", pid=m.process.pid)
@@ -378,29 +400,53 @@ class Supervisor:
             self._forget(m)
             self._event(m, "stopped", log_tail=tail(m.log_path))
             return
+        blamed = self._blamed(m)  # before its status hash goes: it names the incarnation that died
+        self._drop_status(m.replica_id)
         m.process = None
         m.ready = False
         m.restarts += 1
-        error = (
-            "replica process exited (adopted after an agent restart: exit code unknown)"
-            if code == UNKNOWN_EXIT
-            else f"replica process exited with code {code}"
-        )
-        if m.restarts > self.config.max_restarts:
+        if blamed:
+            m.forgiven += 1
+        error, signame = describe_exit(code)
+        if blamed:
+            error += f", with request {blamed} in flight, which a replica had died under before (not counted)"
+        crash = {"exit_code": None if code == UNKNOWN_EXIT else code, "signal": signame, "request_id": blamed,
+                 "counted": not blamed, "log_tail": tail(m.log_path)}  # fmt: skip
+        if m.counted_restarts > self.config.max_restarts:
             m.restarts -= 1
             self._forget(m)
-            self._event(
-                m,
-                "failed",
-                error=f"{error}; gave up after {self.config.max_restarts} restarts",
-                exit_code=code,
-                log_tail=tail(m.log_path),
-            )
+            self._event(m, "failed", error=f"{error}; gave up after {self.config.max_restarts} restarts", **crash)
             return
-        delay = self.config.backoff_seconds * 2 ** (m.restarts - 1)
+        delay = self.config.backoff_seconds * 2 ** max(m.counted_restarts - 1, 0)
         m.restart_at = now + delay
         log.warning("replica %s: %s; restarting in %.1fs", m.replica_id, error, delay)
-        self._event(m, "exited", exit_code=code, error=error, log_tail=tail(m.log_path))
+        self._event(m, "exited", error=error, **crash)
+
+    def _blamed(self, m: Managed) -> str:
+        """The request the exit of `m`'s process is attributed to: a suspect in flight on the
+        incarnation that died (workers/protocol/suspects.py), or "". Redis unreachable: none (the
+        exit counts, as every exit did before suspects)."""
+        try:
+            incarnation = self.redis.hget(status_key(m.replica_id), "incarnation")
+            raw = self.redis.hgetall(suspects_key(m.replica_id, incarnation)) if incarnation else {}
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("replica %s: cannot read its suspects (%s); the exit counts", m.replica_id, exc)
+            return ""
+        for field_id, value in sorted(raw.items()):
+            try:
+                return Suspect.decode(value).request_id or field_id
+            except ProtocolError as exc:
+                log.warning("replica %s: unreadable suspect %s (%s)", m.replica_id, field_id, exc)
+        return ""
+
+    def _drop_status(self, replica_id: int) -> None:
+        """The process is gone: without its status hash no router sends it requests and every
+        gateway waiting on it sees it lost at its next check, rather than when the heartbeat goes
+        stale (HEARTBEAT_STALE_SECONDS) or the restart drops it."""
+        try:
+            self.redis.delete(status_key(replica_id))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("replica %s: could not drop its status (%s)", replica_id, exc)
 
     def _hung(self, m: Managed) -> bool:
         """A ready replica whose heartbeat stopped (a hung process or device)."""

@@ -12,5 +12,7 @@ them. Each message is a typed dataclass with a `version`; both ends build and re
   replica whatever the gateway could not); `errors`: RequestError, a request's own fault.
 - `kv_blocks`: the chained KV block hash and each replica's Redis set of the blocks it holds
   (KV-aware routing).
+- `suspects`: requests in flight on a replica after a replica died under them (the gateway
+  writes them, a node agent reads them when a replica dies: a poison request costs one restart).
 - `wire`: what the messages share (ProtocolError, the version check).
 """

@@ -44,9 +44,13 @@ class ReplicaEvent(Wire):
     """Something that happened to one replica process, as its agent saw it.
 
     kind: `started` (a process was spawned: `pid`, `restart_count`), `ready` (the replica
-    reported ready), `exited` (it exited and will be restarted: `exit_code`, `error`,
+    reported ready), `exited` (it exited and will be restarted: `exit_code`, `signal`, `error`,
     `log_tail`), `failed` (it kept crashing, or could not be started: given up), `stopped`
-    (it stopped because it was asked to, or it is not running on this node)."""
+    (it stopped because it was asked to, or it is not running on this node).
+
+    An unexpected exit (`exited`, or `failed` with an `exit_code`) names the request it is
+    attributed to, if any (`request_id`: a suspect in flight, see workers/protocol/suspects.py),
+    and whether it counted toward the replica's restart limit (`counted`: not when attributed)."""
 
     KINDS = ("started", "ready", "exited", "failed", "stopped")
 
@@ -55,11 +59,14 @@ class ReplicaEvent(Wire):
     node: str
     at_ns: int = field(default_factory=time.time_ns)
     pid: int | None = None
-    exit_code: int | None = None
+    exit_code: int | None = None  # negative: killed by that signal (Popen's returncode)
+    signal: str = ""  # the signal's name when a signal ended it ("SIGKILL")
     restart_count: int = 0
     error: str = ""
     log_tail: str = ""
     status: dict = field(default_factory=dict)  # the replica's own report: load, endpoint, progress
+    request_id: str = ""  # the request an unexpected exit is attributed to ("" if none)
+    counted: bool = True  # the exit counted toward the replica's restart limit
     version: int = VERSION
 
     def __post_init__(self) -> None:
