@@ -252,7 +252,8 @@ class Disaggregation:
             problem = "the deadline passed before the prefill started"
         if problem is None:
             try:
-                params = SamplingParams.from_wire(replace(message.params, max_tokens=1))
+                # Sample 0's first token (n > 1: the decode replica forks the others from our KV).
+                params = SamplingParams.from_wire(replace(message.params, max_tokens=1, n=1))
                 prompt = [int(t) for t in message.prompt_token_ids]
                 self.engine.add_request(
                     rid, prompt, params, hold_blocks=True, session_turn=message.session_turn is True

@@ -227,8 +227,6 @@ class ReplicaServer:
             prefill = message.prefill_replica
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
-            if params.n > 1:
-                prefill = None  # the samples fork from blocks this engine computed (handoff of n: not built)
             turn = message.session_turn
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             if not (self.disagg and prefill is not None
