@@ -59,14 +59,17 @@ def replicas(model_dir, tmp_path_factory):
             f.close()
 
 
-def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10):
-    """Send one request like the gateway does; returns (events, seconds)."""
+def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10,
+             **params):  # fmt: skip
+    """Send one request like the gateway does; returns (events, seconds). `params` override the
+    sampling parameters (greedy, one token's logprobs)."""
     rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"test-reply-{uuid.uuid4().hex[:8]}"
     pubsub = client.pubsub()
     pubsub.subscribe(channel)
     pubsub.get_message(timeout=1)
     message = {"type": "generate", "id": rid, "reply_to": channel, "prompt_token_ids": prompt,
-               "params": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1}}  # fmt: skip
+               "params": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1,
+                          **params}}  # fmt: skip
     if prefill is not None:
         message["prefill"] = {"replica_id": prefill}
     started = time.monotonic()
@@ -76,7 +79,8 @@ def generate(client, replica: int, prompt: list[int], prefill: int | None = None
         m = pubsub.get_message(timeout=1)
         if m and m["type"] == "message":
             events.append(json.loads(m["data"]))
-            if events[-1]["type"] == "error" or events[-1].get("finish_reason"):
+            finished = sum(1 for e in events if e.get("finish_reason"))
+            if events[-1]["type"] == "error" or finished == params.get("n", 1):
                 break
     pubsub.close()
     assert events and events[-1].get("finish_reason") == "length", events[-3:]
@@ -112,6 +116,22 @@ def test_disaggregated_output_equals_colocated_and_reuses_the_prefill_cache(repl
     assert sent["blocks_sent"] == received["blocks_received"] == blocks
     assert sent["bytes_sent"] == received["bytes_received"] > 0
     assert received["fallbacks"] == 0
+
+
+def test_n_samples_are_prefilled_once_and_forked_on_the_decode_replica(replicas):
+    client = replicas["redis"]
+    before = kv_stats(client, DECODE)["handoffs"]
+    for params in ({"n": 3}, {"n": 3, "temperature": 1.0, "seed": 9}):
+        colocated, _ = generate(client, COLOCATED, PROMPTS[1], **params)
+        disagg, _ = generate(client, DECODE, PROMPTS[1], prefill=PREFILL, **params)
+        for index in range(3):
+            mine = [t for e in disagg if e["type"] == "delta" and e.get("index", 0) == index for t in e["token_ids"]]
+            want = [t for e in colocated if e["type"] == "delta" and e.get("index", 0) == index for t in e["token_ids"]]
+            assert mine == want and len(mine) == 10
+        final = [e for e in disagg if e.get("finish_reason")]
+        assert all(e["disaggregation"]["prefill"]["replica"] == PREFILL for e in final if e.get("disaggregation"))
+    wait_for(lambda: kv_stats(client, DECODE)["handoffs"] >= before + 2, 5, "the decode replica's metrics")
+    assert kv_stats(client, DECODE)["handoffs"] == before + 2  # one handoff per request, not per sample
 
 
 def test_a_layout_mismatch_is_refused_and_the_decode_replica_prefills_itself(replicas):
