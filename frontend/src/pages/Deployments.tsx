@@ -2,6 +2,7 @@ import { FormEvent, useCallback, useEffect, useState } from "react";
 import { Link, useParams } from "react-router-dom";
 import { TierPolicy, TierUse } from "../components/CacheTiers";
 import { CapacityPlan } from "../components/CapacityPlan";
+import { AuditEvent, Crashes } from "../components/Crashes";
 import { ErrorText, Field } from "../components/Form";
 import { Ranks } from "../components/Ranks";
 import { speculationLabel } from "../components/Speculation";
@@ -9,6 +10,8 @@ import { api, formatError, fieldErrors, list } from "../lib/api";
 import { Plan, planBody } from "../lib/plan";
 
 const PLAN_DELAY_MS = 250; // typing in a number field plans once it pauses
+const CRASH_PAGE = 100; // crash events read per refresh
+const CRASHES_SHOWN = 10;
 
 /** The capacity plan of the form's model and layout, asked again as the fields change. */
 function useLivePlan(body: Record<string, unknown> | null) {
@@ -175,9 +178,15 @@ export function DeploymentDetail() {
   const [replicas, setReplicas] = useState<any[]>([]);
   const [error, setError] = useState("");
   const [policy, setPolicy] = useState<TierPolicy | null>(null); // the deployment's cache policy, once read
+  const [crashes, setCrashes] = useState<AuditEvent[]>([]);
   const load = useCallback(() => {
     api(`deployments/${slug}/`).then(setDep, (e) => setError(String(e.message)));
     list(`replicas/?deployment__slug=${slug}`).then(setReplicas);
+    // The newest crashes of any deployment (one page), this one's kept: its slug is in each.
+    api<{ results: AuditEvent[] }>(`events/?verb=replica.crashed&page_size=${CRASH_PAGE}`).then(
+      (page) => setCrashes((page?.results ?? []).filter((e) => e.data?.deployment === slug).slice(0, CRASHES_SHOWN)),
+      () => setCrashes([]),
+    );
   }, [slug]);
   useEffect(() => {
     load();
@@ -257,6 +266,7 @@ export function DeploymentDetail() {
           </section>
         );
       })}
+      <Crashes events={crashes} />
     </>
   );
 }

@@ -1,9 +1,10 @@
 import { useEffect, useState } from "react";
 import ReconnectingWebSocket from "reconnecting-websocket";
+import { AuditEvent, EventDetail } from "../components/Crashes";
 import { api, wsUrl } from "../lib/api";
 
 export function Events() {
-  const [events, setEvents] = useState<any[]>([]);
+  const [events, setEvents] = useState<AuditEvent[]>([]);
   useEffect(() => {
     api("events/").then((page) => setEvents(page.results));
     const ws = new ReconnectingWebSocket(wsUrl("/ws/events/"));
@@ -17,7 +18,7 @@ export function Events() {
     <>
       <h1>Events</h1>
       <table>
-        <thead><tr><th>When</th><th>Who</th><th>What</th><th>Object</th></tr></thead>
+        <thead><tr><th>When</th><th>Who</th><th>What</th><th>Object</th><th>Details</th></tr></thead>
         <tbody>
           {events.map((e) => (
             <tr key={e.id}>
@@ -25,6 +26,7 @@ export function Events() {
               <td>{e.actor_label}</td>
               <td>{e.verb}</td>
               <td>{e.object_type} {e.object_repr || e.object_id}</td>
+              <td><EventDetail event={e} /></td>
             </tr>
           ))}
         </tbody>
