@@ -6,7 +6,10 @@ for a prompt over the context; tokenization.py) → route → submit to the repl
 `accepted` (or its 400).
 Only then does a response start, so every refusal is a proper HTTP error, streaming or not.
 A replica that is draining or dies before accepting is skipped for the next one. One that dies,
-hangs or restarts after accepting is replaced mid-request (see failover.py).
+hangs or restarts after accepting is replaced mid-request (see failover.py), unless a replica was
+lost under the request before: then it is suspected of killing them and ends (502 `replicas_lost`).
+An engine that fails on the request alone ends it with a 500 `engine_error`, not resumed elsewhere:
+it would fail the same way there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, Requ
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, session_key
 from controlplane.gateway.services import authenticate
-from workers.protocol.replica import AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
+from workers.protocol.replica import ENGINE_ERROR, AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
 
 ATTEMPTS = 3
 DEFAULT_SESSION_HEADER = "x-session-affinity"  # without a cache policy
@@ -116,6 +119,7 @@ class Generation:
     prefill_replica: int | None = None
     message: GenerateMessage = field(default_factory=GenerateMessage)  # what the first replica was sent
     progress: failover.Progress | None = None  # None: failover is off
+    losses: failover.Losses = field(default_factory=failover.Losses)  # replicas lost under it
     prompt_counted: bool = False  # its prompt tokens counted against the key's TPM when it was sent
     usage_seen: bool = False  # a choice's final usage arrived (with `n` > 1 each choice sends one)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -139,6 +143,8 @@ class Generation:
                         raise broker_unavailable(event.message)
                     if event.code == REPLICA_LOST and await self._resume(event):
                         continue
+                    if event.code == ENGINE_ERROR:  # this request's alone: another replica would fail the same way
+                        raise OpenAIError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
                     raise OpenAIError(502, event.message or "replica error", code="replica_error")
                 if not isinstance(event, DeltaEvent):  # `accepted` came first and was read by _place
                     continue
@@ -160,15 +166,20 @@ class Generation:
         except RedisError as exc:  # the broker went away under the request: a clean end
             raise broker_unavailable(exc) from None
         finally:
-            await self.stream.close()
+            await self.close()
 
     async def _resume(self, lost: ErrorEvent) -> bool:
         """Continue the request on another ready replica of the deployment; False when failover
-        is off or this request may not move again. Raises OpenAIError when no replica can."""
+        is off or this request may not move again. Raises OpenAIError when no replica can, or
+        when this is the second replica lost under it (a poison request)."""
         progress = self.progress
+        old = self.stream  # closed (aborted, uncounted) when it reported the loss
+        self.losses.add(old.replica_id, old.incarnation)
+        if self.losses.poisoned:
+            raise await _poisoned(old.hub, self.deployment, self.losses, lost,
+                                  len(progress.output_ids) if progress is not None else 0)  # fmt: skip
         if progress is None or not progress.can_resume():
             return False
-        old = self.stream  # closed (aborted, uncounted) when it reported the loss
         progress.failed_replicas.add(old.replica_id)
         after = len(progress.output_ids)
         attempts = itertools.count()
@@ -178,7 +189,10 @@ class Generation:
             route, stream, first = await _place(
                 old.hub, self.deployment, candidates, progress.message(self.message),
                 lambda: f"{self.request_id}-r{move}.{next(attempts)}", exclude=frozenset(progress.failed_replicas),
+                losses=self.losses, after_tokens=after,
             )  # fmt: skip
+        except PoisonRequest:
+            raise
         except (OpenAIError, RedisError) as exc:
             stream, reason = None, getattr(exc, "message", None) or str(exc)
         else:
@@ -213,7 +227,12 @@ class Generation:
         }
 
     async def close(self) -> None:
-        await self.stream.close()
+        """Safe to call more than once. A suspect entry of the stream goes: it ended by itself."""
+        try:
+            await self.stream.close()
+        finally:
+            if self.losses.mark is not None:
+                await self.losses.clear(self.stream.hub.redis)
 
 
 def broker_unavailable(exc: Exception | str) -> OpenAIError:
@@ -229,11 +248,16 @@ async def _place(
     new_id: Callable[[], str],
     session: str | None = None,
     exclude: frozenset[int] = frozenset(),
+    losses: failover.Losses | None = None,
+    after_tokens: int = 0,
 ) -> tuple[router.Route, RequestStream | None, AcceptedEvent | ErrorEvent]:
     """Route `message`, send it and wait for the replica's first answer: (route, stream, its
     `accepted`), or (route, None, the refusal) when the replica refuses the request itself. A
     replica that is draining (503) or dies before answering is skipped for another, ATTEMPTS
-    in all; raises OpenAIError 503 when no replica is left."""
+    in all; raises OpenAIError 503 when no replica is left. `losses`: the replicas lost under
+    the request so far, where one that dies before answering is added; once one was, the next
+    replica has the request as a suspect (failover.Losses), and a second raises (poison)."""
+    losses = losses if losses is not None else failover.Losses()
     tried = set(exclude)
     for _ in range(ATTEMPTS):
         request_id = new_id()
@@ -241,28 +265,61 @@ async def _place(
             route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried),
                                         message.prompt_token_ids)  # fmt: skip
             sent = replace(message, prefill_replica=route.prefill_replica_id)
+            if losses.lost:
+                await losses.mark_suspect(hub.redis, route.replica_id, route.incarnation, request_id)
             stream = await hub.submit(route.replica_id, request_id, sent, route.incarnation)
         except router.NoReadyReplica as exc:
             raise _no_ready_replica(exc) from None
         except BaseException:  # not sent (choose counts it before its last Redis calls): it must not count
             await hub.dispatched.done(request_id)
+            if losses.mark is not None:
+                await losses.clear(hub.redis)
             raise
         try:
             first = await stream.next_event()
         except BaseException:  # the client went away (cancelled) before the replica answered
             await stream.close()
+            if losses.mark is not None:
+                await losses.clear(hub.redis)
             raise
         if isinstance(first, AcceptedEvent):
             return route, stream, first
         await stream.close()
         if not isinstance(first, ErrorEvent):  # output before `accepted`: a replica out of protocol
             first = ErrorEvent(request_id, 502, f"the replica sent {first.TYPE!r} before accepting the request")
+        if first.code == REPLICA_LOST:  # it died with the request in flight (a first step can kill it)
+            losses.add(route.replica_id, route.incarnation)
+            if losses.poisoned:
+                raise await _poisoned(hub, deployment, losses, first, after_tokens)
+        elif losses.mark is not None:  # refused or failed: it did not die of the request
+            await losses.clear(hub.redis)
         if first.status in (502, 503):  # draining or died before accepting: try another
             tried.add(route.replica_id)
             continue
         return route, None, first
     raise OpenAIError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
                       headers={"Retry-After": "2"})  # fmt: skip
+
+
+class PoisonRequest(OpenAIError):
+    """A request lost with a second replica: ended, never resumed (`_poisoned`)."""
+
+
+async def _poisoned(hub: ReplicaHub, deployment: Deployment, losses: failover.Losses, lost: ErrorEvent,
+                    after_tokens: int) -> PoisonRequest:  # fmt: skip
+    """A second replica was lost with the request in flight: it is not sent to a third (it may be
+    what kills them). Counted and recorded; the error to end it with."""
+    rid = losses.request_id or lost.id
+    first, second = losses.replicas[:2]
+    await failover.count(hub.redis, deployment, "poison")
+    data = {"request_id": rid, "replicas": losses.replicas, "after_tokens": after_tokens, "problem": lost.message}
+    await failover.record("request.poison", deployment, data)
+    return PoisonRequest(
+        502,
+        f"Request {rid} was running on two replicas that were lost under it (replica {first}, then replica "
+        f"{second}: {lost.message or 'lost'}); it is not sent to another, since it may be what stops them.",
+        code="replicas_lost",
+    )
 
 
 def _no_ready_replica(exc: router.NoReadyReplica) -> OpenAIError:
@@ -309,15 +366,18 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     resumable = failover.enabled() and message.params.n == 1
     if resumable and message.prompt_token_ids is None:  # untokenised: to resume it elsewhere, ask for them
         message.return_prompt_token_ids = True
+    losses = failover.Losses()
     route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",
-                                        session)  # fmt: skip
+                                        session, losses=losses)  # fmt: skip
     if not isinstance(first, AcceptedEvent):
         raise _refusal(req, first)
+    losses.request_id = stream.request_id
     if prompt_tokens is not None:  # exact before it runs: a burst cannot overdraw the budget
         await ratelimit.count_tokens(hub.redis, caller.key, prompt_tokens)
     progress = failover.Progress(message.prompt_token_ids or first.prompt_token_ids) if resumable else None
     return Generation(stream.request_id, deployment, route, stream, caller, prefill_replica=first.prefill_replica,
-                      message=message, progress=progress, prompt_counted=prompt_tokens is not None)  # fmt: skip
+                      message=message, progress=progress, losses=losses,
+                      prompt_counted=prompt_tokens is not None)  # fmt: skip
 
 
 def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
@@ -333,4 +393,6 @@ def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
         param = prompt if event.param == "prompt" else event.param
         param = param or (prompt if code == "context_length_exceeded" else None)
         return OpenAIError(status, event.message or "The replica refused the request.", param, code)
+    if event.code == ENGINE_ERROR:
+        return OpenAIError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
     return OpenAIError(502, "The replica failed to admit the request; retry it.", code="replica_error")
