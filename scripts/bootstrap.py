@@ -75,11 +75,16 @@ def _ready_model(name: str, directory, user):
     return validate_model(model.pk)
 
 
-# Speculation an earlier `make run` gave the demo: before deployments speculated (none, k 4), or
-# n-gram while there was no draft head. Only these are moved to what this run chooses; anything
-# else is the operator's choice and is left alone.
+# Speculation an earlier `make run` gave the demo: before deployments speculated (none, k 4),
+# n-gram while there was no draft head, EAGLE-3 with the demo head. A demo made by a run before
+# DEMO_DEFAULTS (run.json's `demo_defaults`) is moved off these once; anything else, and anything
+# after that, is the operator's choice and is left alone.
 EARLIER_DEMO_SPECULATION = {("none", 4, None), ("ngram", 3, None), ("eagle3", 3, "demo-draft")}
-NGRAM = {"speculative_method": "ngram", "speculative_k": 3, "draft_model": None}
+# 2: the demo does not speculate. On these CPUs speculation served fewer requests under
+# concurrency (issue 30: 0.88x plain chat at 32 clients; 0.84x in the engine alone), so the
+# default is the configuration that serves more, and the console says how to turn it on.
+DEMO_DEFAULTS = 2
+NO_SPECULATION = {"speculative_method": "none", "speculative_k": 3, "draft_model": None}
 
 
 def demo_draft_dir():
@@ -88,28 +93,41 @@ def demo_draft_dir():
     return MODEL_DIR.parent / "draft"  # `make demo-draft` trains it for the demo model
 
 
-def demo_speculation(user, model, draft_dir) -> tuple[dict, list[str]]:
-    """EAGLE-3 with the draft head in `draft_dir` (registered as `demo-draft`) when there is one
-    that fits the demo model, else n-gram; k 3 either way. Notes say why a head was not used."""
+def speculation_hint(draft) -> str:
+    """How to turn speculation on for the demo (a note `make run` prints)."""
+    if draft is None:
+        how = '{"speculative_method": "ngram", "speculative_k": 3}'
+    else:
+        how = f'{{"speculative_method": "eagle3", "speculative_k": 3, "draft_model": "{draft.name}"}}'
+    return (
+        "the demo deployment does not speculate: on a CPU it serves fewer requests under concurrency; "
+        f"to turn it on, edit the demo in the console (Deployments) or PATCH /api/v1/deployments/demo/ with {how}"
+    )
+
+
+def demo_draft(user, model, draft_dir) -> tuple[object | None, list[str]]:
+    """The demo's EAGLE-3 draft head in `draft_dir`, registered as `demo-draft`, when there is
+    one that fits the demo model (the operator turns it on with one edit); else None, with a
+    note saying why a head that is there was not usable."""
     from controlplane.catalog.services import check_draft
     from controlplane.common.errors import DomainError
 
     if not (draft_dir / "config.json").is_file():
-        return NGRAM, []
+        return None, []
     try:
         draft = _ready_model("demo-draft", draft_dir, user)
         if draft.status != "ready":
             raise DomainError(draft.status_message)
         check_draft(draft, model)
     except DomainError as exc:
-        return NGRAM, [f"the demo speculates with n-gram: the draft head in {draft_dir} is not usable ({exc})"]
-    return {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": draft}, []
+        return None, [f"the draft head in {draft_dir} is not usable with the demo model ({exc})"]
+    return draft, []
 
 
-def ensure_demo(user, draft_dir=None) -> list[str]:
-    """The demo model registered and valid, and the `demo` deployment wanted running, with the
-    speculation `demo_speculation` chooses (the draft head: workers/demo/draft by default).
-    Returns notes for the operator."""
+def ensure_demo(user, draft_dir=None, defaults: int = 0) -> list[str]:
+    """The demo model registered and valid, its draft head registered (workers/demo/draft by
+    default), and the `demo` deployment wanted running, without speculation. `defaults`: the
+    DEMO_DEFAULTS of the run that last set up the demo (0: none or before). Returns notes."""
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Deployment
     from workers.demo import MODEL_DIR
@@ -117,16 +135,15 @@ def ensure_demo(user, draft_dir=None) -> list[str]:
     model = _ready_model("demo", MODEL_DIR, user)
     if model.status != "ready":
         raise SystemExit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
-    speculation, notes = demo_speculation(user, model, draft_dir or demo_draft_dir())
+    draft, notes = demo_draft(user, model, draft_dir or demo_draft_dir())
     demo = Deployment.objects.filter(slug="demo").first()
     if demo is None:
-        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1, **speculation}, actor=user)
-        return notes
+        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1, **NO_SPECULATION}, actor=user)
+        return [*notes, speculation_hint(draft)]
     current = (demo.speculative_method, demo.speculative_k, demo.draft_model.name if demo.draft_model else None)
-    wanted = {k: v for k, v in speculation.items() if getattr(demo, k) != v}
-    if wanted and current in EARLIER_DEMO_SPECULATION:
-        demo = deployments.update_deployment(demo, wanted, actor=user)
-        notes.append(f"the demo deployment now speculates with {speculation['speculative_method']}")
+    if defaults < DEMO_DEFAULTS and current in EARLIER_DEMO_SPECULATION and current[0] != "none":
+        demo = deployments.update_deployment(demo, NO_SPECULATION, actor=user)
+        notes.append(speculation_hint(draft))
         if demo.desired_state == "running":
             deployments.restart(demo, actor=user)  # replicas still running roll onto it
     if demo.desired_state != "running":
@@ -142,13 +159,14 @@ def bootstrap(previous: dict | None, serve: str | None = None) -> dict:
     user, password, notes = ensure_admin(previous)
     api_key, key_notes = ensure_api_key(user, previous, serve or "demo")
     if serve is None:
-        notes += ensure_demo(user)
+        notes += ensure_demo(user, defaults=int((previous or {}).get("demo_defaults") or 0))
     # run.py's own token for polling the API; only its hash is kept, so a fresh one each run
     # (tokens the operator made with create_token have other names and are left alone).
     revoke_tokens(user, name=KEY_NAME)
     _, token = create_token(user, name=KEY_NAME)
     return {"admin_user": ADMIN, "admin_password": password, "api_key": api_key, "token": token,
-            "notes": notes + key_notes}  # fmt: skip
+            "notes": notes + key_notes, "demo_defaults": DEMO_DEFAULTS if serve is None else
+            int((previous or {}).get("demo_defaults") or 0)}  # fmt: skip
 
 
 def main() -> int:

@@ -485,7 +485,7 @@ def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> in
     # changed (None) leaves run.json's as it was: a later run then still knows not to reset it.
     kept = password if password is not None else (previous or {}).get("admin_password")
     info = {"url": url, "admin_user": user, "admin_password": kept, "api_key": api_key,
-            "model": model.name if model else "demo"}  # fmt: skip
+            "model": model.name if model else "demo", "demo_defaults": creds.get("demo_defaults", 0)}  # fmt: skip
     write_private(run_file, json.dumps(info, indent=2))
     for note in creds["notes"]:
         log(note)

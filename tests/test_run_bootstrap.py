@@ -96,42 +96,60 @@ def test_a_wiped_database_gets_the_remembered_password_back():
     assert key != remembered["api_key"] and notes[0].startswith("ROTATED")
 
 
-def test_the_demo_speculates_with_ngram_without_a_draft_head(tmp_path):
-    from controlplane.deployments.models import Deployment
-    from scripts.bootstrap import ensure_demo
-
-    user, _, _ = ensure_admin(None)
-    assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == []
-    demo = Deployment.objects.get(slug="demo")
-    assert (demo.speculative_method, demo.speculative_k, demo.draft_model) == ("ngram", 3, None)
-
-
-def test_the_demo_speculates_with_eagle3_once_a_draft_head_is_there(tmp_path):
+def test_the_demo_does_not_speculate_and_the_note_says_how_to_turn_it_on(tmp_path):
+    from controlplane.catalog.models import Model
     from controlplane.deployments.models import Deployment
     from scripts.bootstrap import ensure_demo
     from tests.engine.checkpoints import build_eagle3_head
     from workers.demo import MODEL_DIR
 
     user, _, _ = ensure_admin(None)
-    ensure_demo(user, draft_dir=tmp_path / "no-draft")  # an earlier run, before the head landed
-    head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
-    assert ensure_demo(user, draft_dir=head) == ["the demo deployment now speculates with eagle3"]
+    [note] = ensure_demo(user, draft_dir=tmp_path / "no-draft")
+    assert "does not speculate" in note and '"speculative_method": "ngram"' in note
     demo = Deployment.objects.get(slug="demo")
-    assert (demo.speculative_method, demo.speculative_k, demo.draft_model.name) == ("eagle3", 3, "demo-draft")
+    assert (demo.speculative_method, demo.draft_model) == ("none", None)
+    Deployment.objects.all().delete()
+    head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
+    [note] = ensure_demo(user, draft_dir=head)  # the head is registered, for the one edit that turns it on
+    assert '"speculative_method": "eagle3"' in note and '"draft_model": "demo-draft"' in note
+    assert Model.objects.get(name="demo-draft").status == "ready"
+    assert Deployment.objects.get(slug="demo").speculative_method == "none"
+
+
+def test_a_demo_an_earlier_run_made_speculate_is_moved_off_once(tmp_path):
+    from controlplane.catalog.models import Model
+    from controlplane.deployments.models import Deployment
+    from controlplane.deployments.services import update_deployment
+    from scripts.bootstrap import DEMO_DEFAULTS, ensure_demo
+    from tests.engine.checkpoints import build_eagle3_head
+    from workers.demo import MODEL_DIR
+
+    user, _, _ = ensure_admin(None)
+    head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
+    ensure_demo(user, draft_dir=head)
+    earlier = {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": Model.objects.get(name="demo-draft")}
+    update_deployment(Deployment.objects.get(slug="demo"), earlier)  # as a run before DEMO_DEFAULTS 2 left it
+    [note] = ensure_demo(user, draft_dir=head, defaults=1)
+    demo = Deployment.objects.get(slug="demo")
+    assert demo.speculative_method == "none" and "does not speculate" in note
     assert demo.generation == 2  # running replicas roll onto it
-    assert ensure_demo(user, draft_dir=head) == []  # and nothing changes on the next run
+    # Turned on again after that (the run.json says so): the operator's choice stays.
+    update_deployment(demo, earlier)
+    assert ensure_demo(user, draft_dir=head, defaults=DEMO_DEFAULTS) == []
+    assert Deployment.objects.get(slug="demo").speculative_method == "eagle3"
 
 
-def test_a_draft_head_that_does_not_fit_leaves_the_demo_on_ngram_and_says_why(tmp_path, model_dir):
+def test_a_draft_head_that_does_not_fit_is_named_and_the_hint_offers_ngram(tmp_path, model_dir):
     from controlplane.deployments.models import Deployment
     from scripts.bootstrap import ensure_demo
     from tests.engine.checkpoints import build_eagle3_head
 
     user, _, _ = ensure_admin(None)
     head = build_eagle3_head(tmp_path / "draft", model_dir)  # for another model (vocabulary 320)
-    [note] = ensure_demo(user, draft_dir=head)
-    assert note.startswith("the demo speculates with n-gram: the draft head in") and "does not fit" in note
-    assert Deployment.objects.get(slug="demo").speculative_method == "ngram"
+    unusable, hint = ensure_demo(user, draft_dir=head)
+    assert unusable.startswith("the draft head in") and "does not fit" in unusable
+    assert '"speculative_method": "ngram"' in hint
+    assert Deployment.objects.get(slug="demo").speculative_method == "none"
 
 
 def test_speculation_the_operator_chose_for_the_demo_is_left_alone(tmp_path):

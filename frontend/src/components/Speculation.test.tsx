@@ -31,9 +31,12 @@ describe("speculative decoding panel", () => {
     expect(screen.queryByRole("table")).toBeNull();
   });
 
-  it("shows nothing for a deployment that does not speculate", () => {
-    const { container } = render(<Speculation deployment={{ speculative_method: "none", speculative_k: 4 }} stats={null} />);
-    expect(container.textContent).toBe("");
+  it("says how to turn speculation on for a deployment that does not speculate", () => {
+    render(<Speculation deployment={{ speculative_method: "none", speculative_k: 4 }} stats={null} />);
+    const hint = screen.getByTestId("speculation-off");
+    expect(hint.textContent).toContain("Speculative decoding is off");
+    expect(hint.textContent).toContain("eagle3");
+    expect(screen.queryByTestId("speculation")).toBeNull();
     expect(speculationLabel({})).toBe("");
   });
 });

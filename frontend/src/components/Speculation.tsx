@@ -26,7 +26,16 @@ export function speculationLabel(d: Settings): string {
 
 export function Speculation({ deployment, stats }: { deployment: Settings; stats: SpeculationStats | null | undefined }) {
   const label = speculationLabel(deployment);
-  if (!label) return null;
+  if (!label) {
+    // Off by default (the demo too): on a CPU it serves fewer requests under concurrency. Say how to turn it on.
+    return (
+      <p className="muted speculation-off" data-testid="speculation-off">
+        Speculative decoding is off. It pays at low concurrency, most on tool calls and JSON; under load it can cost
+        throughput. To turn it on, edit the deployment: speculative method <code>eagle3</code> with a draft head
+        (for the demo, <code>demo-draft</code>) or <code>ngram</code>, k 3.
+      </p>
+    );
+  }
   const length = stats?.mean_acceptance_length;
   const rates = stats?.acceptance_per_position ?? [];
   return (
