@@ -223,7 +223,7 @@ class ParallelGroup:
             self._start_processes()
             self.state = build_rank(engine, cfg, parallel, 0, store, self._reached, dtype, aux_layers, draft_embedding)
         except BaseException as exc:
-            dead = self._dead()  # before close kills the rest: a rank that died first is the cause
+            dead = self._dead_within(1.0)  # before close kills the rest: a rank that died first is the cause
             self.close(kill=True)
             if not isinstance(exc, Exception):
                 raise
@@ -291,6 +291,15 @@ class ParallelGroup:
             dead.append(how)
         return "; ".join(dead)
 
+    def _dead_within(self, seconds: float) -> str:
+        """`_dead()`, giving a rank that is dying (its connections already closed) `seconds` to
+        exit, so that the error names it; returns as soon as one has."""
+        deadline = time.monotonic() + seconds
+        sentinels = [p.sentinel for p in self.processes if p.pid is not None]
+        while not (dead := self._dead()) and (left := deadline - time.monotonic()) > 0:
+            mp.connection.wait(sentinels, timeout=left)
+        return dead
+
     def check(self) -> None:
         """Before a step: a rank that died between steps fails the group now."""
         if self.closed:
@@ -305,11 +314,7 @@ class ParallelGroup:
         try:
             return self.runner.execute(batch, keep_aux)
         except Exception as exc:
-            # Give a dying rank a moment to be seen dead, to name it; then no rank is kept.
-            deadline = time.monotonic() + 1.0
-            while not self._dead() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            reason = self._dead() or f"{type(exc).__name__}: {exc}"
+            reason = self._dead_within(1.0) or f"{type(exc).__name__}: {exc}"
             self.close(kill=True)
             raise ParallelError(f"the parallel group failed during a step: {reason}") from exc
 
