@@ -53,7 +53,7 @@ def describe_exit(code: int) -> tuple[str, str]:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"replica process was killed by {name}", name
+        return f"replica process exited with code {code} ({name})", name
     return f"replica process exited with code {code}", ""
 
 
