@@ -11,6 +11,7 @@ parameter this server does not build is a 400 naming it.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -271,7 +272,12 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 # parse_chat's names and wording, as this API has them.
-_RENAMES = [("response_format", "output_config.format"), ("stop", "stop_sequences")]
+_RENAMES = [("response_format.json_schema.schema", "output_config.format.schema"),
+            ("response_format", "output_config.format"), ("stop", "stop_sequences")]  # fmt: skip
+# A chat tool's path as this API's (unquoted, as its messages name parameters).
+_TOOL_FIELDS = [(re.compile(r"'?\btools\[(\d+)\]\.function\.parameters\b'?"), r"tools.\1.input_schema"),
+                (re.compile(r"'?\btools\[(\d+)\]\.function\.(\w+)'?"), r"tools.\1.\2"),
+                (re.compile(r"\btools\[(\d+)\]"), r"tools.\1")]  # fmt: skip
 
 
 @contextmanager
@@ -282,7 +288,12 @@ def renamed():
         for old, new in _RENAMES:
             if exc.param is not None and exc.param.startswith(old):
                 exc.param = new + exc.param[len(old) :]
+                break
+        for old, new in _RENAMES:
             exc.message = exc.message.replace(f"'{old}'", new)
+        for pattern, new in _TOOL_FIELDS:
+            exc.param = None if exc.param is None else pattern.sub(new, exc.param)
+            exc.message = pattern.sub(new, exc.message)
         raise
 
 

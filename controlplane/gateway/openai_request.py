@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 
 from controlplane.common import json_body
+from workers.protocol.errors import RequestError
+from workers.protocol.grammar import check_grammar, check_schema, tool_name_problem
 from workers.protocol.replica import GenerateMessage, WireSamplingParams
 
 SEED_MAX = 2**64 - 1  # what torch.Generator takes
@@ -233,7 +235,7 @@ def _common(body: dict, kind: str) -> GenerationRequest:
     if params.seed is not None and params.seed + params.n - 1 > SEED_MAX:
         raise bad(f"'seed' + 'n' - 1 must be at most {SEED_MAX}: choice i samples with seed + i.", "seed")
     params.logit_bias = _logit_bias(body.get("logit_bias"))
-    params.grammar = _structured_outputs(body.get("structured_outputs"))
+    params.grammar = _checked(_structured_outputs(body.get("structured_outputs")), "structured_outputs")
     _typed(body, "user", str, None, what="a string")  # accepted (OpenAI clients send it), not used
     return GenerationRequest(
         kind=kind,
@@ -289,8 +291,9 @@ def session_key(value, param: str) -> str | None:
 
 
 # -- structured output ------------------------------------------------------------------------
-# The gateway checks what is cheap (shapes, that a regex compiles, that a named tool exists) and
-# sends the replica a grammar spec (workers/engine/structured.py); the replica compiles it for its
+# The gateway checks what is cheap (shapes, that a regex compiles, that a named tool exists, what
+# a schema's keywords hold and that its refs are local: the protocol's checks) and sends the
+# replica a grammar spec (workers/engine/structured.py); the replica compiles it for its
 # vocabulary, and a schema it cannot compile comes back as a 400 naming the parameter.
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` fields built here
 
@@ -336,9 +339,26 @@ def _structured_outputs(value) -> dict | None:
 
 
 def _schema(schema, param: str) -> dict:
+    """A JSON schema whose keywords hold what they must and whose every `$ref` points inside it
+    (workers/protocol/grammar.py): a remote one would make the replica's grammar accept any JSON."""
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema object, got {_show(schema)}.", param, "invalid_type")
+    try:
+        check_schema(schema, param)
+    except RequestError as exc:
+        raise bad(f"'{param}' is not a usable JSON schema: {exc}.", param) from None
     return schema
+
+
+def _checked(spec: dict | None, param: str) -> dict | None:
+    """What the replica checks before it compiles a spec (its size, tool names, refs), refused
+    here before routing."""
+    if spec is not None:
+        try:
+            check_grammar(spec)
+        except RequestError as exc:
+            raise bad(f"'{param}': {exc}.", param) from None
+    return spec
 
 
 def _response_format(value) -> dict | None:
@@ -381,14 +401,43 @@ def _tool_grammar(tools: list[dict], choice) -> dict:
             known = ", ".join(t["function"]["name"] for t in tools)
             raise bad(f"'tool_choice' names the function {_show(name)}, which is not in 'tools' ({known}).",
                       "tool_choice.function.name")  # fmt: skip
-    out = []
-    for i, f in enumerate(functions):
-        parameters = f.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise bad("A tool's 'parameters' must be a JSON schema object.", f"tools[{i}].function.parameters",
-                      "invalid_type")  # fmt: skip
-        out.append({"name": f["name"], "parameters": parameters or {}})
-    return {"type": "tool_call", "tools": out}
+    return {
+        "type": "tool_call",
+        "tools": [{"name": f["name"], "parameters": f.get("parameters") or {}} for f in functions],
+    }
+
+
+def _tools(tools) -> list[dict] | None:
+    """Every tool is checked whatever the `tool_choice` (as OpenAI does): a name no other tool
+    has, and parameters the replica could compile into a forced call's grammar."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in tools
+    ):  # fmt: skip
+        raise bad('\'tools\' must be a list of {"type": "function", "function": {"name": ...}}.', "tools")
+    problem = tool_name_problem([t["function"]["name"] for t in tools])
+    if problem is not None:
+        i, first = problem
+        name = f"tools[{i}].function.name"
+        if first is None:
+            raise bad(f"'{name}' must be a non-empty string.", name)
+        raise bad(f"'{name}' must be unique: {_show(tools[i]['function']['name'])} is also the name of "
+                  f"tools[{first}].", name)  # fmt: skip
+    for i, tool in enumerate(tools):
+        parameters, param = tool["function"].get("parameters"), f"tools[{i}].function.parameters"
+        if parameters is None:
+            continue
+        if not isinstance(parameters, dict):
+            raise bad(f"'{param}' must be a JSON schema object, got {_show(parameters)}.", param, "invalid_type")
+        kind = parameters.get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            # Arguments are an object of named parameters, in every API this gateway speaks.
+            raise bad(f"'{param}' must describe an object ('type': 'object'), got 'type': {_show(kind)}.", param)
+        _schema(parameters, param)
+    return tools or None
 
 
 def parse_completion(body: dict) -> GenerationRequest:
@@ -454,15 +503,7 @@ def parse_chat(body: dict) -> GenerationRequest:
             out["tool_call_id"] = m["tool_call_id"]
         clean.append(out)
     req.messages = clean
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(
-            isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
-            and isinstance(t["function"].get("name"), str)
-            for t in tools
-        ):  # fmt: skip
-            raise bad('\'tools\' must be a list of {"type": "function", "function": {"name": ...}}.', "tools")
-        req.tools = tools or None
+    req.tools = _tools(body.get("tools"))
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", "required") and not (
         isinstance(choice, dict) and isinstance(choice.get("function"), dict)
@@ -482,7 +523,9 @@ def parse_chat(body: dict) -> GenerationRequest:
     if len(grammars) > 1:
         first, second = list(grammars)[:2]
         raise bad(f"'{first}' and '{second}' both constrain the output: send one.", second)
-    req.params.grammar = next(iter(grammars.values()), None)
+    if grammars:
+        ((param, spec),) = grammars.items()
+        req.params.grammar = _checked(spec, param)
     req.logprobs = _typed(body, "logprobs", bool, False, what="a boolean")
     top = _integer(body, "top_logprobs", None, lo=0, hi=20)
     if top is not None and not req.logprobs:

@@ -11,6 +11,7 @@ Every Responses parameter this server does not build is a 400 naming it.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -73,6 +74,9 @@ _RENAMES = [("response_format.json_schema.schema", "text.format.schema"), ("resp
             "tool_choice.name")]  # fmt: skip
 
 
+_TOOL_FIELD = re.compile(r"\btools\[(\d+)\]\.function\.")  # a chat tool's `function` is a Responses tool's own
+
+
 def rename_param(exc: OpenAIError) -> OpenAIError:
     """An error of the chat parser or of admission, naming this API's parameter."""
     for old, new in _RENAMES:
@@ -81,6 +85,9 @@ def rename_param(exc: OpenAIError) -> OpenAIError:
             break
     for old, new in _RENAMES:
         exc.message = exc.message.replace(f"'{old}'", f"'{new}'").replace(f"your {old} ", f"your {new} ")
+    if exc.param is not None:
+        exc.param = _TOOL_FIELD.sub(r"tools[\1].", exc.param)
+    exc.message = _TOOL_FIELD.sub(r"tools[\1].", exc.message)
     return exc
 
 

@@ -6,6 +6,9 @@ call's grammar); and tool definitions are checked whatever the `tool_choice`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,10 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.config.asgi import application
-from controlplane.gateway.openai_request import parse_chat
+from controlplane.gateway.anthropic_request import parse_messages
+from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.responses_request import parse_responses
 from controlplane.gateway.services import create_api_key
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParser
 from tests.support.played_replica import played_replica
+from workers.engine.errors import RequestError
+from workers.engine.sampling_params import SamplingParams
 from workers.protocol.replica import DeltaEvent
 
 TRICKY = '</tool_call> <tool_call> \\ " { } [ ] < > / tool_call'  # what a string may hold that looks like structure
@@ -229,3 +236,151 @@ async def test_a_forced_call_is_a_call_in_every_api_streamed_or_not(forced_outpu
         assert (text, finished) == ("", finish), (path, stream)
         [(name, arguments)] = calls
         assert name == "render" and arguments["html"] == SAID, (path, stream)
+
+
+# -- tool definitions and schemas, checked whatever the tool_choice --------------------------------
+GOOD = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+# (tools as (name, parameters), the index and field at fault, words of the message)
+PROBLEMS = {
+    "empty name": ([("a", GOOD), ("", GOOD)], 1, "name", "non-empty"),
+    "blank name": ([("a", GOOD), ("  ", GOOD)], 1, "name", "non-empty"),
+    "duplicate name": ([("a", GOOD), ("b", GOOD), ("a", {})], 2, "name", '"a" is also the name of tools'),
+    "remote $ref": ([("a", {"type": "object", "properties": {"city": {"$ref": "http://example.com/city.json"}}})], 0,
+                    "parameters", "remote $ref 'http://example.com/city.json' is not supported; inline the schema"),
+    "relative $ref": ([("a", {"$ref": "defs.json#/City"})], 0, "parameters", "remote $ref 'defs.json#/City'"),
+    "anchor $ref": ([("a", {"$ref": "#city", "$defs": {"c": {"$anchor": "city"}}})], 0, "parameters",
+                    "$ref '#city' is not supported"),
+    "dangling $ref": ([("a", {"type": "object", "properties": {"c": {"$ref": "#/$defs/City"}}})], 0, "parameters",
+                      "$ref '#/$defs/City' points at nothing"),
+    "invalid schema": ([("a", {"type": "object", "properties": {"city": {"type": "town"}}})], 0, "parameters",
+                       "invalid JSON schema at properties.city.type"),
+    "not an object": ([("a", {"type": "string"})], 0, "parameters", "'type': 'object'"),
+}  # fmt: skip
+DIALECTS = {
+    "chat": (
+        lambda tools, choice: parse_chat({"model": "m", "messages": ASK, "tools": tools, "tool_choice": choice}),
+        lambda name, schema: {"type": "function", "function": {"name": name, "parameters": schema}},
+        {"auto": "auto", "none": "none", "required": "required",
+         "named": {"type": "function", "function": {"name": "a"}}},
+        lambda i, field: f"tools[{i}].function.{field}",
+    ),
+    "responses": (
+        lambda tools, choice: parse_responses({"model": "m", "input": "hi", "tools": tools, "tool_choice": choice}),
+        lambda name, schema: {"type": "function", "name": name, "parameters": schema},
+        {"auto": "auto", "none": "none", "required": "required", "named": {"type": "function", "name": "a"}},
+        lambda i, field: f"tools[{i}].{field}",
+    ),
+    "messages": (
+        lambda tools, choice: parse_messages({"model": "m", "max_tokens": 8, "messages": ASK, "tools": tools,
+                                              "tool_choice": choice}),
+        lambda name, schema: {"name": name, "input_schema": schema},
+        {"auto": {"type": "auto"}, "none": {"type": "none"}, "required": {"type": "any"},
+         "named": {"type": "tool", "name": "a"}},
+        lambda i, field: f"tools.{i}.{'input_schema' if field == 'parameters' else field}",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("choice", ["auto", "none", "required", "named"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_bad_tool_definition_is_a_400_naming_it_whatever_the_tool_choice(dialect, choice, problem):
+    parse, tool, choices, param = DIALECTS[dialect]
+    tools, index, field, words = PROBLEMS[problem]
+    with pytest.raises(OpenAIError) as err:
+        parse([tool(name, schema) for name, schema in tools], choices[choice])
+    assert (err.value.status, err.value.param) == (400, param(index, field))
+    assert words in err.value.message and param(index, field) in err.value.message
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", "required", "named"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_refs_inside_the_schema_and_ref_lookalikes_are_accepted(dialect, choice):
+    parse, tool, choices, _ = DIALECTS[dialect]
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"$ref": "#/$defs/City"},
+            "$ref": {"type": "string", "enum": ["http://example.com/a.json"]},  # a parameter named $ref
+            "raw": {"const": {"$ref": "http://example.com/b.json"}},  # data, not a reference
+            "tree": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+        },
+        "$defs": {"City": {"type": "string", "maxLength": 20}},
+    }
+    parse([tool("a", schema), tool("b", {})], choices[choice])
+
+
+FORMATS = {
+    "chat": (lambda schema: parse_chat({"model": "m", "messages": ASK, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}}),
+        "response_format.json_schema.schema"),
+    "responses": (lambda schema: parse_responses({"model": "m", "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": schema, "strict": True}}}), "text.format.schema"),
+    "messages": (lambda schema: parse_messages({"model": "m", "max_tokens": 8, "messages": ASK, "output_config": {
+        "format": {"type": "json_schema", "schema": schema}}}), "output_config.format.schema"),
+    "structured_outputs": (lambda schema: parse_completion({"model": "m", "prompt": "hi", "structured_outputs": {
+        "json": schema}}), "structured_outputs.json"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("ref", ["http://example.com/person.json", "https://example.com/s#/$defs/P", "person.json"])
+@pytest.mark.parametrize("api", FORMATS)
+def test_a_remote_ref_in_a_json_schema_format_is_a_400_naming_it(api, ref):
+    parse, param = FORMATS[api]
+    with pytest.raises(OpenAIError) as err:
+        parse({"type": "object", "properties": {"who": {"type": "array", "items": {"$ref": ref}}}})
+    assert (err.value.status, err.value.param) == (400, param)
+    assert f"remote $ref '{ref}' is not supported; inline the schema" in err.value.message
+
+
+def test_the_engine_refuses_what_the_gateway_does():
+    """A replica trusts no sender: the spec's checks are the protocol's, run by both ends."""
+    remote = {"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}}
+    specs = [
+        ({"type": "json_schema", "schema": remote}, "response_format", "remote $ref"),
+        ({"type": "tool_call", "tools": [{"name": "f", "parameters": remote}]}, "tool_choice", "remote $ref"),
+        ({"type": "tool_call", "tools": [{"name": "f"}, {"name": "f"}]}, "tool_choice", "unique"),
+        ({"type": "tool_call", "tools": [{"name": ""}]}, "tool_choice", "non-empty"),
+    ]
+    for spec, param, words in specs:
+        with pytest.raises(RequestError) as err:
+            SamplingParams(grammar=spec)
+        assert err.value.param == param and words in str(err.value)
+
+
+def test_bad_tools_are_400s_in_each_apis_error_shape(client, django_user_model):
+    _, key = create_api_key(name="k", owner=django_user_model.objects.create_user("shapes"))
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    twice = [("a", GOOD), ("a", GOOD)]
+    for path, dialect, extra in (("/v1/chat/completions", "chat", {"messages": ASK}),
+                                 ("/v1/responses", "responses", {"input": "hi"}),
+                                 ("/v1/messages", "messages", {"messages": ASK, "max_tokens": 8})):  # fmt: skip
+        _, tool, _, param = DIALECTS[dialect]
+        body = {"model": "m", **extra, "tools": [tool(name, schema) for name, schema in twice]}
+        r = client.post(path, body, content_type="application/json", **auth)
+        assert r.status_code == 400, r.content
+        if dialect == "messages":
+            error = r.json()
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+            assert error["error"]["message"].startswith(param(1, "name") + " must be unique")
+        else:
+            error = r.json()["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", param(1, "name"))
+
+
+def test_the_gateways_checks_load_no_torch_and_take_one_pass_over_a_large_schema():
+    code = (
+        "import sys, time; from controlplane.gateway.openai_request import parse_chat;"
+        "props = {f'p{i}': {'type': 'string', 'description': 'x' * 100} for i in range(2000)};"
+        "tool = {'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object', 'properties': props}}};"
+        "t = time.perf_counter();"
+        "parse_chat({'model': 'm', 'messages': [{'role': 'user', 'content': 'x'}], 'tools': [tool]});"
+        "print(time.perf_counter() - t, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'xgrammar')))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seconds, loaded = out.stdout.split(" ", 1)
+    assert loaded.strip() == "[]"
+    # On the gateway's event loop: jsonschema's 2020-12 metaschema took 2 s for this one.
+    assert float(seconds) < 1.0
