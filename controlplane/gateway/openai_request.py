@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from controlplane.common import json_body
 from workers.protocol.errors import RequestError
-from workers.protocol.grammar import check_grammar, check_schema, tool_name_problem
+from workers.protocol.grammar import check_grammar, check_refs, check_schema, tool_name_problem
 from workers.protocol.replica import GenerateMessage, WireSamplingParams
 
 SEED_MAX = 2**64 - 1  # what torch.Generator takes
@@ -291,10 +291,10 @@ def session_key(value, param: str) -> str | None:
 
 
 # -- structured output ------------------------------------------------------------------------
-# The gateway checks what is cheap (shapes, that a regex compiles, that a named tool exists, what
-# a schema's keywords hold and that its refs are local: the protocol's checks) and sends the
-# replica a grammar spec (workers/engine/structured.py); the replica compiles it for its
-# vocabulary, and a schema it cannot compile comes back as a 400 naming the parameter.
+# The gateway checks what is cheap (shapes, that a regex compiles, that a named tool exists, that
+# a schema's refs are local, every tool's schema: the protocol's checks) and sends the replica a
+# grammar spec (workers/engine/structured.py); the replica compiles it for its vocabulary, and a
+# schema it cannot compile comes back as a 400 naming the parameter.
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")  # vLLM's `structured_outputs` fields built here
 
 
@@ -338,13 +338,15 @@ def _structured_outputs(value) -> dict | None:
     return {"type": "grammar", "grammar": spec}
 
 
-def _schema(schema, param: str) -> dict:
-    """A JSON schema whose keywords hold what they must and whose every `$ref` points inside it
-    (workers/protocol/grammar.py): a remote one would make the replica's grammar accept any JSON."""
+def _schema(schema, param: str, *, whole: bool = False) -> dict:
+    """A JSON schema whose every `$ref` is local (a remote one would make the replica's grammar
+    accept any JSON). `whole`: also what its keywords hold and that its refs point inside it, for
+    a tool's parameters, which the replica compiles only when the call is forced (a format's
+    schema it always compiles, naming what it cannot)."""
     if not isinstance(schema, dict):
         raise bad(f"'{param}' must be a JSON schema object, got {_show(schema)}.", param, "invalid_type")
     try:
-        check_schema(schema, param)
+        (check_schema if whole else check_refs)(schema, param)
     except RequestError as exc:
         raise bad(f"'{param}' is not a usable JSON schema: {exc}.", param) from None
     return schema
@@ -436,7 +438,7 @@ def _tools(tools) -> list[dict] | None:
         if kind != "object" and not (isinstance(kind, list) and "object" in kind):
             # Arguments are an object of named parameters, in every API this gateway speaks.
             raise bad(f"'{param}' must describe an object ('type': 'object'), got 'type': {_show(kind)}.", param)
-        _schema(parameters, param)
+        _schema(parameters, param, whole=True)
     return tools or None
 
 

@@ -5,9 +5,9 @@ checks again (a replica trusts no sender) and compiles what passes (workers/engi
 What is checked without compiling: the spec's shape, tool names (non-empty, unique), and every
 `$ref` of a schema: xgrammar resolves only `#` and JSON pointers `#/...` into the schema itself,
 and reads any other `$ref` (`http://...`, `other.json#/x`, `#anchor`) as "any JSON", so a schema
-with one would constrain nothing. `check_schema` also checks what each keyword holds: the gateway
-runs it on every schema a client sends (every tool's parameters, whatever the `tool_choice`: only
-a forced call's schema is ever compiled).
+with one would constrain nothing. `check_schema` also checks what each keyword holds and that
+each pointer leads somewhere: the gateway runs it on every tool's parameters, whatever the
+`tool_choice`, since only a forced call's schema is ever compiled.
 """
 
 from __future__ import annotations
