@@ -24,9 +24,9 @@ from controlplane.common.errors import DomainError
 from controlplane.deployments.models import CachePolicy
 from controlplane.deployments.specs import kv_tiers_spec
 from controlplane.planner import services as planner
-from controlplane.planner.capacity import MLA_ARCHITECTURES
-from workers.engine.parallel.config import PARALLEL_ARCHITECTURES, quantized_non_expert_layers  # torch-free
+from workers.protocol.architectures import MLA_ARCHITECTURES
 from workers.protocol.model_files import ModelDirectoryError
+from workers.protocol.parallel import PARALLEL_ARCHITECTURES, quantized_non_expert_layers
 from workers.protocol.quantization import QuantConfig, quantization_config
 
 
@@ -174,7 +174,7 @@ def _split(size: int, tp: int) -> bool:
 
 _PARALLEL_ONLY = "replicas of one device run it: set tensor_parallel and pipeline_parallel to 1"
 RULES: tuple[Rule, ...] = (
-    # workers/engine/parallel/config.py:133, ParallelConfig.validate
+    # ParallelConfig.validate (workers/engine/parallel/config.py)
     *(
         Rule(
             size,
@@ -186,7 +186,7 @@ RULES: tuple[Rule, ...] = (
         )
         for size in ("tensor_parallel", "pipeline_parallel")
     ),
-    # workers/engine/parallel/config.py:102
+    # ParallelConfig.validate (workers/engine/parallel/config.py)
     *(
         Rule(
             size,
@@ -198,7 +198,7 @@ RULES: tuple[Rule, ...] = (
         )
         for size in ("tensor_parallel", "pipeline_parallel")
     ),
-    # workers/engine/parallel/config.py:108
+    # ParallelConfig.validate (workers/engine/parallel/config.py)
     *(
         Rule(
             size,
@@ -211,7 +211,7 @@ RULES: tuple[Rule, ...] = (
         )
         for size in ("tensor_parallel", "pipeline_parallel")
     ),
-    # workers/engine/parallel/config.py:113, 116, 120, 123, 126: each rank holds an equal share
+    # ParallelConfig.validate (workers/engine/parallel/config.py): each rank holds an equal share
     Rule(
         "tensor_parallel",
         "model",
@@ -257,7 +257,7 @@ RULES: tuple[Rule, ...] = (
         "tensor_parallel={d.tensor_parallel}; choose a tensor_parallel that divides it",
         "intermediate size",
     ),
-    # workers/engine/parallel/config.py:130
+    # ParallelConfig.validate (workers/engine/parallel/config.py)
     Rule(
         "pipeline_parallel",
         "model",

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from workers.protocol.architectures import MLA_ARCHITECTURES, SUPPORTED_ARCHITECTURES, TEXT_MODEL_TYPES
+
 # The engine's KV budget on CUDA is this fraction of device memory (workers/engine/config.py,
 # EngineConfig.gpu_memory_utilization; a test keeps the two equal).
 ENGINE_MEMORY_FRACTION = 0.85
@@ -23,18 +25,7 @@ QUANTIZATIONS = ("none", "fp8", "int4-experts")
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2}
 CANONICAL_DTYPE = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 KV_CACHE_DTYPES = ("auto", "fp8")
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
-ARCHITECTURES = DENSE_ARCHITECTURES + MLA_ARCHITECTURES
-# A `text_config` without `architectures` names its decoder by model_type.
-TEXT_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-    "kimi_k2": "DeepseekV3ForCausalLM",
-}
+ARCHITECTURES = SUPPORTED_ARCHITECTURES
 FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight_block_size
 INT4_GROUP = 32  # Kimi K2 Thinking / K2.5's compressed-tensors group_size
 MAX_DIMENSION = 1 << 24  # hidden sizes, heads, experts: far above any real model, keeps answers sane

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from workers.engine.errors import ModelLoadError
+from workers.protocol.architectures import MLA_ARCHITECTURES
 from workers.protocol.model_files import architecture, max_context, read_config, sliding_window
 from workers.protocol.quantization import QuantConfig, quantization_config
 
@@ -166,9 +167,6 @@ def rope_from(raw: dict) -> RopeConfig:
         attention_factor=optional("attention_factor"),
         truncate=bool(params.get("truncate", True)),
     )
-
-
-MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 
 
 @dataclass(frozen=True)

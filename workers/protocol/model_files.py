@@ -1,7 +1,7 @@
 """The files of a Hugging Face model directory, read without torch.
 
 Shared by the engine's loader and the control plane's catalog and gateway, which must not
-import torch: one place decides which architectures are served, how config.json is read, how
+import torch: which architectures are served (architectures.py), how config.json is read, how
 long a context the model serves, which weight files a directory holds, and that every file
 read is inside the directory.
 """
@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePath
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "DeepseekV3ForCausalLM",  # DeepSeek-V3, Kimi K2 (MLA + MoE)
-)
+from workers.protocol.architectures import SUPPORTED_ARCHITECTURES
+
+__all__ = ["SUPPORTED_ARCHITECTURES"]  # re-exported: its importers read it here
 
 
 class ModelDirectoryError(ValueError):
