@@ -444,7 +444,9 @@ async def test_a_failure_mid_stream_ends_each_apis_stream_in_its_own_shape(djang
     events = [json.loads(line[6:]) for line in responses.text.splitlines() if line.startswith("data: ")]
     assert [e["type"] for e in events][-2:] == ["response.output_text.delta", "response.failed"]
     failed = events[-1]["response"]
-    assert failed["status"] == "failed" and failed["error"]["code"] == "replica_error"
+    # The engine's own code passes through (an engine_error is not a lost replica: no failover).
+    assert failed["status"] == "failed" and failed["error"]["code"] == "engine_error"
+    assert "the engine failed" in failed["error"]["message"]
     assert not await database_sync_to_async(StoredResponse.objects.exists)()  # a failed response is not kept
     names = [line[7:] for line in messages.text.splitlines() if line.startswith("event: ")]
     assert names[-2:] == ["content_block_delta", "error"]
