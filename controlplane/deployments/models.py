@@ -2,7 +2,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.catalog.models import Model
-from controlplane.gateway import routing as policies  # pure functions: no models, no database
+from controlplane.deployments import routing_policies as policies
 from controlplane.inventory.models import Device, Node
 
 

@@ -20,6 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from controlplane.deployments import routing_policies
 from controlplane.deployments.models import CachePolicy, Deployment
 from controlplane.gateway import quality, routing
 from controlplane.gateway.hub import ReplicaHub
@@ -53,8 +54,8 @@ class Route:
 class Settings:
     """A deployment's routing settings, from its cache policy (defaults without one)."""
 
-    policy: str = routing.DEFAULT_POLICY
-    load_factor: float = routing.DEFAULT_LOAD_FACTOR
+    policy: str = routing_policies.DEFAULT_POLICY
+    load_factor: float = routing_policies.DEFAULT_LOAD_FACTOR
     session_ttl: int = 600
     block_size: int = 16
     prefix_caching: bool = True

@@ -85,14 +85,16 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-ROUND_ROBIN = "round_robin"
-LEAST_LOADED = "least_loaded"
-SESSION = "session"
-KV_AWARE = "kv_aware"
-SESSION_KV_AWARE = "session+kv_aware"
-POLICIES = (ROUND_ROBIN, LEAST_LOADED, SESSION, KV_AWARE, SESSION_KV_AWARE)
-DEFAULT_POLICY = SESSION_KV_AWARE
-DEFAULT_LOAD_FACTOR = 1.25
+# The policies' names and defaults (a CachePolicy's choices) live below the gateway.
+from controlplane.deployments.routing_policies import (
+    DEFAULT_LOAD_FACTOR,
+    KV_AWARE,
+    LEAST_LOADED,
+    POLICIES,
+    ROUND_ROBIN,
+    SESSION,
+    SESSION_KV_AWARE,
+)
 
 # One request in flight weighs as much as prefilling this many blocks (256 tokens at 16 a block):
 # enough that an idle replica is preferred to one already busy with a short-prefix request, small
