@@ -98,8 +98,8 @@ ASGI_APPLICATION = "controlplane.config.asgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
-STATIC_URL = "/static/"  # served by controlplane.common.views.static from the apps' static dirs
-CSRF_FAILURE_VIEW = "controlplane.common.views.csrf_failure"
+STATIC_URL = "/static/"  # served by controlplane.config.views.static from the apps' static dirs
+CSRF_FAILURE_VIEW = "controlplane.config.views.csrf_failure"
 STATIC_ROOT = STATE_DIR / "static"
 
 # Request limits on every surface (/v1, /api/v1, websockets). 8 MiB holds the longest prompts

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane.common.views import healthz, read_only, static, version
+from controlplane.config.views import healthz, read_only, static, version
 from controlplane.console import views as console
 from controlplane.gateway import tokenize_views
 from controlplane.telemetry.views import metrics
@@ -43,4 +43,4 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
 ]
 # Anything else is a JSON 404, not the console: a probe of /health-like paths must not see a page.
-handler404 = "controlplane.common.views.not_found"
+handler404 = "controlplane.config.views.not_found"
