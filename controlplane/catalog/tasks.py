@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from controlplane.catalog.services import validate_model
+from controlplane.catalog.validator import validate_model
 
 
 @shared_task(name="catalog.validate_model", queue="control")
