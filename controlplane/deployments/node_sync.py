@@ -24,8 +24,9 @@ from django.utils import timezone
 
 from controlplane.common import redis as redis_client
 from controlplane.deployments import crashes
+from controlplane.deployments.messaging import send_after_commit, send_start
 from controlplane.deployments.models import Replica
-from controlplane.deployments.services import _send_after_commit, send_start, transition_replica
+from controlplane.deployments.replica_states import transition_replica
 from controlplane.inventory import services as inventory
 from workers.protocol.control import STOP_REPLICA, NodeReport, ReplicaEvent, node_queue
 
@@ -36,7 +37,7 @@ RESEND_START_AFTER = timedelta(seconds=30)
 
 def _stop_on_node(node: str, replica_id: int, why: str) -> None:
     log.info("telling %s to stop replica %s: %s", node, replica_id, why)
-    _send_after_commit(STOP_REPLICA, replica_id, node_queue(node))
+    send_after_commit(STOP_REPLICA, replica_id, node_queue(node))
 
 
 def _status_fields(status: dict) -> dict:

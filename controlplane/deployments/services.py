@@ -1,98 +1,36 @@
-"""Deployment lifecycle: create/validate, actions, the reconciler, and replica transitions.
-
-The reconciler compares each deployment's desired replicas with the live ones, places new
-replicas on nodes with free devices and asks node agents (a Celery task on `node.<name>`)
-to start or stop processes (`send_start` / `send_stop`). Agents report back with messages that
-`node_sync` applies through `transition_replica`, the one writer of replica state.
+"""Deployment actions: create and update (validated), start, stop, restart, drain, and cache
+policies. Each change is audited, published, and followed by a reconcile pass after commit; the
+reconciler (reconciler.py) then moves the replicas, through the state machine
+(replica_states.py), with node agents told through messaging.py.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-from datetime import timedelta
 from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
 from django.utils import timezone
 
 from controlplane.catalog import services as catalog
 from controlplane.common.errors import DomainError
 from controlplane.deployments import compatibility
+from controlplane.deployments.messaging import publish_deployment, schedule_reconcile
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
-from controlplane.deployments.specs import build_spec
-from controlplane.events.broadcast import publish
+from controlplane.deployments.replica_states import State, stop_replica
 from controlplane.events.services import record_event
-from controlplane.inventory.models import Device, Node
+from controlplane.inventory.models import Device
 from controlplane.inventory.selectors import placeable_nodes
 from controlplane.planner.services import check_deployment_fits
-from workers.protocol import control
-
-log = logging.getLogger(__name__)
-State = Replica.State
-
-# Allowed replica state changes; anything else is refused (and logged), never applied.
-TRANSITIONS: dict[str, set[str]] = {
-    State.PENDING: {State.STARTING, State.STOPPED, State.FAILED, State.DRAINING},
-    State.STARTING: {State.READY, State.STARTING, State.DRAINING, State.STOPPED, State.FAILED},
-    State.READY: {State.STARTING, State.DRAINING, State.STOPPED, State.FAILED},
-    State.DRAINING: {State.STOPPED, State.FAILED},
-    State.STOPPED: set(),
-    State.FAILED: set(),
-}
-# Moves after which the reconciler has work at once rather than at its next periodic pass: a
-# replacement turned ready (an outgoing replica can drain), or a replica ended (replace it).
-RECONCILE_ON = (State.READY, State.STOPPED, State.FAILED)
-
-
-def send_start(replica: Replica) -> None:
-    """Ask the replica's node agent to start it, from a spec built now (after commit)."""
-    spec = build_spec(replica).to_wire()
-    _send_after_commit(control.START_REPLICA, spec, replica.node.queue)
-
-
-def send_stop(replica: Replica) -> None:
-    _send_after_commit(control.STOP_REPLICA, replica.pk, replica.node.queue)
-
-
-def _send_after_commit(task: str, arg, queue: str) -> None:
-    from controlplane.config.celery_app import app
-
-    transaction.on_commit(lambda: app.send_task(task, args=[arg], queue=queue))
-
-
-def schedule_reconcile() -> None:
-    from controlplane.deployments.tasks import reconcile
-
-    transaction.on_commit(lambda: reconcile.delay())
 
 
 def _changed(dep: Deployment, verb: str, actor=None, data: dict | None = None) -> Deployment:
     """After any change to a deployment: audit it, tell live clients, reconcile after commit."""
     record_event(f"deployment.{verb}", dep, actor=actor, data=data)
-    _publish_deployment(dep)
+    publish_deployment(dep)
     schedule_reconcile()
     return dep
-
-
-def _publish_deployment(dep: Deployment, **extra) -> None:
-    publish("deployment", {"slug": dep.slug, "desired_state": dep.desired_state, "generation": dep.generation, **extra})
-
-
-def _publish_replica(r: Replica) -> None:
-    publish(
-        "replica",
-        {
-            "id": r.pk,
-            "deployment": r.deployment.slug,
-            "role": r.role,
-            "state": r.state,
-            "node": r.node.name if r.node else None,
-            "restart_count": r.restart_count,
-        },
-    )
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -264,280 +202,10 @@ def drain(dep: Deployment, replica_id: int | None = None, actor=None) -> list[Re
             r.drain_requested_at = timezone.now()
             r.save(update_fields=["drain_requested_at"])
             drained.append(r)
-        elif (stopped := _stop_replica(r, reason="drain requested")) is not None:
+        elif (stopped := stop_replica(r, reason="drain requested")) is not None:
             drained.append(stopped)
     _changed(dep, "drain", actor, {"replicas": [r.pk for r in drained]})
     return drained
-
-
-# -- replicas -------------------------------------------------------------------------------------
-def transition_replica(
-    replica_id: int, state: str, *, actor_label: str = "agent", reason: str = "", **fields
-) -> Replica | None:
-    """Move a replica to `state` if the state machine allows it; returns it, or None if refused.
-    Every replica state change goes through here (audit event, live update, timestamps, and a
-    reconcile after commit when the move gives the reconciler work: RECONCILE_ON)."""
-    with transaction.atomic():
-        r = (
-            Replica.objects.select_for_update(of=("self",))
-            .select_related("deployment", "node")
-            .filter(pk=replica_id)
-            .first()
-        )
-        if r is None:
-            return None
-        if state != r.state and state not in TRANSITIONS[r.state]:
-            log.info("replica %s: refused %s -> %s", replica_id, r.state, state)
-            return None
-        now = timezone.now()
-        previous = r.state
-        r.state = state
-        for key, value in fields.items():
-            setattr(r, key, value)
-        if state == State.STARTING and previous != State.STARTING:
-            r.started_at = now
-        if state == State.READY:
-            r.ready_at = now
-        if state in (State.STOPPED, State.FAILED):
-            r.stopped_at = now
-            r.pid = None
-        r.save()
-        if previous != state:
-            record_event(
-                f"replica.{state}",
-                r,
-                actor_label=actor_label,
-                data={
-                    "from": previous,
-                    **({"reason": reason} if reason else {}),
-                    **({"error": r.last_error} if state == State.FAILED else {}),
-                },
-            )
-            _publish_replica(r)
-            if state in RECONCILE_ON:
-                schedule_reconcile()
-    return r
-
-
-def _stop_replica(r: Replica, reason: str) -> Replica | None:
-    """Ask the replica's agent to drain and stop it; one on no node, or still pending on an
-    offline node, has no process to stop and is marked stopped here."""
-    unreachable = r.node is None or (
-        r.state == State.PENDING and r.pid is None and r.node.status == Node.Status.OFFLINE
-    )
-    if unreachable:
-        return transition_replica(r.pk, State.STOPPED, actor_label="reconciler", reason=reason, last_error=reason)
-    stopped = transition_replica(r.pk, State.DRAINING, actor_label="reconciler", reason=reason)
-    if stopped is not None:
-        send_stop(stopped)
-    return stopped
-
-
-def stop_replicas_on_node(node: Node, reason: str) -> int:
-    """A node went silent: its replicas count as stopped (not failed: the node, not the
-    replica, went away, and a deployment's failure budget is for replicas that crash), so the
-    reconciler places them elsewhere."""
-    replicas = list(
-        Replica.objects.select_related("deployment", "node").filter(node=node, state__in=Replica.LIVE_STATES)
-    )
-    for r in replicas:
-        transition_replica(r.pk, State.STOPPED, actor_label="health-check", reason=reason, last_error=reason)
-    return len(replicas)
-
-
-def _free_devices(node: Node, kind: str | None = None) -> list[Device]:
-    """Devices of `node` with room for one more replica (CPU devices host several)."""
-    per_cpu = settings.SWITCHYARD["CPU_REPLICAS_PER_DEVICE"]
-    devices = node.devices.filter(health=Device.Health.HEALTHY).annotate(
-        used=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES))
-    )
-    free = [d for d in devices if d.used < (per_cpu if d.kind == Device.Kind.CPU else 1)]
-    return [d for d in free if kind is None or d.kind == kind]
-
-
-def _place(dep: Deployment) -> tuple[Node, list[Device]] | None:
-    need = dep.devices_per_replica
-    nodes = (
-        placeable_nodes()
-        .annotate(load=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES)))
-        .order_by("load", "name")
-    )
-    for node in nodes:
-        for kind in (Device.Kind.CUDA, Device.Kind.CPU):
-            free = _free_devices(node, kind)
-            if kind == Device.Kind.CPU and len(free) >= need:
-                # CPU replicas share the node's CPU devices; a parallel one takes one per rank.
-                return node, free[:need]
-            if len(free) >= need:
-                return node, free[:need]
-    return None
-
-
-def reconcile_deployment(dep: Deployment) -> dict:
-    """One deployment's pass; returns what it did (for logs and tests).
-
-    Per role, replicas of an older generation and those an operator asked to drain are
-    *outgoing*: they keep serving while their replacements start (at most `max_surge` beyond
-    the desired count) and drain as replacements turn ready. Outgoing replicas that serve
-    nothing yet are stopped at once. Scaling down drains the least loaded replicas."""
-    done = {"started": [], "stopped": [], "unplaced": 0}
-    with transaction.atomic():
-        dep = Deployment.objects.select_for_update().get(pk=dep.pk)
-        live = list(dep.replica_set.select_related("node", "deployment").filter(state__in=Replica.ACTIVE_STATES))
-        desired = dep.desired_counts()
-        for r in live:
-            if r.role not in desired:
-                _stop_replica(r, reason="not desired")
-                done["stopped"].append(r.pk)
-        _reset_failure_budget(dep, live)
-        for role, want in desired.items():
-            _reconcile_role(dep, role, want, [r for r in live if r.role == role], done)
-        _note_placement(dep, done["unplaced"])
-    return done
-
-
-def _outgoing(dep: Deployment, r: Replica) -> str:
-    """Why `r` is to be replaced, or "" if it stays."""
-    if r.generation != dep.generation:
-        return "restart"
-    return "drain requested" if r.drain_requested_at else ""
-
-
-def _drain_order(r: Replica) -> tuple:
-    """Which replica to let go first: one serving nothing yet, then the least loaded (requests
-    running + waiting, from its heartbeat), then the newest (its prefix cache is the coldest)."""
-    load = r.load if isinstance(r.load, dict) else {}
-    try:
-        queued = int(load.get("running", 0)) + int(load.get("waiting", 0))
-    except (TypeError, ValueError):
-        queued = 0
-    return (r.state == State.READY, queued, -r.pk)
-
-
-def _reconcile_role(dep: Deployment, role: str, want: int, replicas: list[Replica], done: dict) -> None:
-    def let_go(r: Replica, reason: str) -> None:
-        _stop_replica(r, reason=reason)
-        done["stopped"].append(r.pk)
-
-    current = [r for r in replicas if not _outgoing(dep, r)]
-    outgoing = []
-    for r in replicas:
-        if _outgoing(dep, r):
-            # Not serving yet, or (given up) nothing will replace it: no reason to wait.
-            if r.state != State.READY or (dep.failed_at is not None and r.drain_requested_at):
-                let_go(r, _outgoing(dep, r))
-            else:
-                outgoing.append(r)
-    if len(current) > want:
-        extra = sorted(current, key=_drain_order)[: len(current) - want]
-        for r in extra:
-            let_go(r, "scaled down")
-        current = [r for r in current if r not in extra]
-
-    # Drain outgoing replicas while enough others are ready: with a surge, all `want`; without
-    # one, one replica may be missing at a time (replace in place).
-    ready = sum(r.state == State.READY for r in current) + len(outgoing)
-    excess = ready - max(want - (0 if dep.max_surge else 1), 0)
-    for r in sorted(outgoing, key=_drain_order)[: max(excess, 0)]:
-        let_go(r, _outgoing(dep, r))
-        outgoing.remove(r)
-
-    missing = want - len(current)
-    if missing <= 0 or not _budget_left(dep):
-        return
-    room = want + dep.max_surge - len(current) - len(outgoing)
-    unplaced = 0
-    for _ in range(max(min(missing, room), 0)):
-        placement = _place(dep)
-        if placement is None:
-            unplaced += 1
-            continue
-        node, devices = placement
-        r = Replica.objects.create(deployment=dep, role=role, node=node, generation=dep.generation)
-        r.devices.set(devices)
-        record_event("replica.pending", r, actor_label="reconciler", data={"node": node.name})
-        _publish_replica(r)
-        send_start(r)
-        done["started"].append(r.pk)
-    done["unplaced"] += unplaced
-    if unplaced and outgoing and not dep.replica_set.filter(role=role, state=State.DRAINING).exists():
-        # No room for an extra replica, and none being freed: replace one in place, so that
-        # the rollout goes on (a one-replica deployment then has a gap).
-        r = min(outgoing, key=_drain_order)
-        let_go(r, f"{_outgoing(dep, r)}; no room to start its replacement first")
-
-
-def _reset_failure_budget(dep: Deployment, live: list[Replica]) -> None:
-    """Forgive the generation's failures once one of its replicas has been ready for
-    REPLICA_HEALTHY_SECONDS: failures before that moment no longer count."""
-    healthy = timedelta(seconds=settings.SWITCHYARD["REPLICA_HEALTHY_SECONDS"])
-    now = timezone.now()
-    marks = [
-        r.ready_at + healthy
-        for r in live
-        if r.generation == dep.generation and r.state == State.READY and r.ready_at and r.ready_at + healthy <= now
-    ]
-    mark = max(marks, default=None)
-    if mark is not None and (dep.failure_budget_reset_at is None or mark > dep.failure_budget_reset_at):
-        dep.failure_budget_reset_at = mark
-        dep.save(update_fields=["failure_budget_reset_at"])
-
-
-def _budget_left(dep: Deployment) -> bool:
-    """Whether the reconciler may start replicas; if not, the deployment has given up (a
-    `deployment.failed` event, once) until an operator starts or restarts it."""
-    if dep.failed_at is not None:
-        return False
-    failed = dep.replica_set.filter(generation=dep.generation, state=State.FAILED)
-    if dep.failure_budget_reset_at is not None:
-        failed = failed.filter(stopped_at__gt=dep.failure_budget_reset_at)
-    count = failed.count()
-    budget = settings.SWITCHYARD["REPLICA_FAILURE_BUDGET"]
-    if count < budget:
-        return True
-    dep.failed_at = timezone.now()
-    dep.failed_reason = f"{count} replicas of generation {dep.generation} failed (the failure budget is {budget})"
-    dep.save(update_fields=["failed_at", "failed_reason"])
-    log.warning("%s: %s", dep.slug, dep.failed_reason)
-    data = {"generation": dep.generation, "failed_replicas": count, "reason": dep.failed_reason}
-    record_event("deployment.failed", dep, actor_label="reconciler", data=data)
-    _publish_deployment(dep, status=dep.status)
-    return False
-
-
-def _placement_problem(dep: Deployment) -> str:
-    """Why `_place` found no room, in words for the console."""
-    nodes = list(placeable_nodes().order_by("name"))
-    if not nodes:
-        return "no online node"
-    need = dep.devices_per_replica
-    rooms = []
-    for node in nodes:
-        healthy = node.devices.filter(health=Device.Health.HEALTHY).count()
-        rooms.append(f"{node.name}: {len(_free_devices(node))} of {healthy} healthy devices free" if healthy
-                     else f"{node.name}: no healthy device")  # fmt: skip
-    return f"no online node has room for a replica ({need} device{'s' if need > 1 else ''}): " + "; ".join(rooms)
-
-
-def _note_placement(dep: Deployment, unplaced: int) -> None:
-    """Show on the deployment why replicas are missing; an event when that starts and when it
-    ends, not on every reconcile pass."""
-    problem = ""
-    if unplaced:
-        problem = f"{unplaced} replica{'s' if unplaced > 1 else ''} not placed: {_placement_problem(dep)}"
-    if problem == dep.placement_error:
-        return
-    if problem and not dep.placement_error:
-        record_event("deployment.unplaced", dep, actor_label="reconciler", data={"reason": problem})
-    elif not problem:
-        record_event("deployment.placed", dep, actor_label="reconciler", data={"was": dep.placement_error})
-    dep.placement_error = problem
-    dep.save(update_fields=["placement_error"])
-    _publish_deployment(dep, placement_error=problem)
-
-
-def reconcile_all() -> dict[str, dict]:
-    return {dep.slug: reconcile_deployment(dep) for dep in Deployment.objects.all()}
 
 
 # -- cache policies -----------------------------------------------------------------------------

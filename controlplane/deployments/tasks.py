@@ -1,11 +1,12 @@
 from celery import shared_task
 
 from controlplane.deployments import node_sync
-from controlplane.deployments.services import reconcile_all
+from controlplane.deployments.messaging import CONTROL_QUEUE, RECONCILE_TASK
+from controlplane.deployments.reconciler import reconcile_all
 from workers.protocol.control import NODE_REPORT, REPLICA_EVENT, NodeReport, ProtocolError, ReplicaEvent
 
 
-@shared_task(name="deployments.reconcile", queue="control")
+@shared_task(name=RECONCILE_TASK, queue=CONTROL_QUEUE)  # "deployments.reconcile"
 def reconcile() -> dict:
     """Idempotent: safe to run any number of times, from beat or after any change."""
     return reconcile_all()

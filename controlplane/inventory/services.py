@@ -91,7 +91,7 @@ def node_left(name: str, reason: str, at_ns: int) -> Node | None:
 def mark_stale_nodes_offline() -> list[Node]:
     """Nodes whose heartbeat is older than NODE_STALE_SECONDS go offline; their replicas are
     stopped so the reconciler places them elsewhere."""
-    from controlplane.deployments.services import stop_replicas_on_node
+    from controlplane.deployments.replica_states import stop_replicas_on_node
 
     cutoff = timezone.now() - timedelta(seconds=settings.SWITCHYARD["NODE_STALE_SECONDS"])
     stale = list(Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff))

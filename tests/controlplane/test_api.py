@@ -4,7 +4,8 @@ import pytest
 
 from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.services import reconcile_all, transition_replica
+from controlplane.deployments.reconciler import reconcile_all
+from controlplane.deployments.replica_states import transition_replica
 from controlplane.events.models import Event
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.services import authenticate

@@ -5,7 +5,7 @@ import pytest
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
-from controlplane.deployments.services import _place
+from controlplane.deployments.placement import place
 from controlplane.deployments.specs import build_spec
 from controlplane.inventory.services import register_node
 
@@ -65,7 +65,7 @@ def test_a_parallel_replica_takes_one_device_per_rank_on_one_node(staff_client, 
     )
     assert response.status_code == 201, response.json()
     dep = Deployment.objects.get(slug="d")
-    placed = _place(dep)
+    placed = place(dep)
     assert placed is not None
     node, devices = placed
     assert node == cpu_node and sorted(d.index for d in devices) == [0, 1]

@@ -21,7 +21,9 @@ from django.conf import settings
 from controlplane.catalog.models import Model
 from controlplane.catalog.services import register_model, validate_model
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.services import create_deployment, reconcile_all, transition_replica
+from controlplane.deployments.reconciler import reconcile_all
+from controlplane.deployments.replica_states import transition_replica
+from controlplane.deployments.services import create_deployment
 from controlplane.gateway import tokenization
 from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
 from controlplane.gateway.services import create_api_key

@@ -14,7 +14,7 @@ from django.utils import timezone
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.node_sync import apply_node_report, apply_replica_event
-from controlplane.deployments.services import reconcile_all
+from controlplane.deployments.reconciler import reconcile_all
 from controlplane.events.models import Event
 from controlplane.inventory.models import Node
 from workers.protocol.control import (

@@ -5,7 +5,7 @@ import pytest
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import Replica
-from controlplane.deployments.services import reconcile_all
+from controlplane.deployments.reconciler import reconcile_all
 from controlplane.events.models import Event
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import register_node

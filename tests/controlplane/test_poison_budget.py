@@ -24,7 +24,8 @@ from controlplane.catalog.services import register_model
 from controlplane.deployments import crashes
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.node_sync import apply_replica_event
-from controlplane.deployments.services import create_deployment, reconcile_all
+from controlplane.deployments.reconciler import reconcile_all
+from controlplane.deployments.services import create_deployment
 from controlplane.events.models import Event
 from controlplane.gateway import failover
 from controlplane.telemetry.prometheus import render

@@ -11,7 +11,9 @@ from django.utils import timezone
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.services import create_deployment, reconcile_all, transition_replica
+from controlplane.deployments.reconciler import reconcile_all
+from controlplane.deployments.replica_states import transition_replica
+from controlplane.deployments.services import create_deployment
 from controlplane.events.models import Event
 from controlplane.gateway.services import create_api_key
 from controlplane.inventory.services import register_node

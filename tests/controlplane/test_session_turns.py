@@ -14,7 +14,9 @@ from django.conf import settings
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import CachePolicy
-from controlplane.deployments.services import create_deployment, reconcile_all, transition_replica
+from controlplane.deployments.reconciler import reconcile_all
+from controlplane.deployments.replica_states import transition_replica
+from controlplane.deployments.services import create_deployment
 from controlplane.gateway.services import create_api_key
 from controlplane.inventory.services import register_node
 from tests.support.played_replica import played_replica
