@@ -7,6 +7,7 @@ from django.utils import timezone
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
+from controlplane.inventory.signals import node_went_silent
 from workers.protocol.control import node_queue
 
 
@@ -90,9 +91,8 @@ def node_left(name: str, reason: str, at_ns: int) -> Node | None:
 
 def mark_stale_nodes_offline() -> list[Node]:
     """Nodes whose heartbeat is older than NODE_STALE_SECONDS go offline; their replicas are
-    stopped so the reconciler places them elsewhere."""
-    from controlplane.deployments.replica_states import stop_replicas_on_node
-
+    stopped so the reconciler places them elsewhere (the deployments app does that, on the
+    `node_went_silent` signal, in the same transaction)."""
     cutoff = timezone.now() - timedelta(seconds=settings.SWITCHYARD["NODE_STALE_SECONDS"])
     stale = list(Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff))
     for node in stale:
@@ -106,5 +106,5 @@ def mark_stale_nodes_offline() -> list[Node]:
                 data={"last_heartbeat": node.last_heartbeat.isoformat()},
             )
             publish("node", {"name": node.name, "status": node.status})
-            stop_replicas_on_node(node, reason=f"node {node.name} stopped heartbeating")
+            node_went_silent.send(sender=Node, node=node, reason=f"node {node.name} stopped heartbeating")
     return stale
