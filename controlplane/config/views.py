@@ -18,7 +18,7 @@ from django.views.csrf import csrf_failure as html_csrf_failure
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.common import redis as redis_client
-from controlplane.gateway.openai_request import OpenAIError
+from controlplane.gateway.core.errors import OpenAIError
 
 VERSION = tomllib.loads((Path(settings.BASE_DIR) / "pyproject.toml").read_text())["project"]["version"]
 SAFE_METHODS = ("GET", "HEAD")

@@ -4,32 +4,38 @@ The request becomes a chat: `system` the system message, `text` blocks message c
 `tool_use` blocks an assistant's tool calls, `tool_result` blocks tool messages; `tools`
 (`input_schema`) the chat endpoint's function tools and `tool_choice` any/tool its enforced
 choice. The chat parser (openai_request.parse_chat) then checks and builds what the replica is
-sent. Every problem is an OpenAIError the view answers in Anthropic's error shape; every
-parameter this server does not build is a 400 naming it.
+sent, naming this API's parameters (NAMES). Every problem is a GatewayError the view answers in
+Anthropic's error shape; every parameter this server does not build is a 400 naming it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from controlplane.gateway.openai_request import INT32_MAX, GenerationRequest, OpenAIError, bad, parse_chat
+from controlplane.gateway.core import checks
+from controlplane.gateway.core.checks import INT32_MAX
+from controlplane.gateway.core.errors import GatewayError, bad
+from controlplane.gateway.core.naming import Names, naming
+from controlplane.gateway.core.request import GenerationRequest
+from controlplane.gateway.openai_request import parse_chat
 
 PARAMS = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
     "metadata", "tools", "tool_choice", "thinking", "service_tier", "output_config", "cache_control", "speed",
 }  # fmt: skip
+# Not built: a 400 unless empty (or null).
 UNSUPPORTED = {
-    "container": "'container' is not supported: no code execution tool is built.",
-    "mcp_servers": "'mcp_servers' is not supported: the gateway connects to no MCP server.",
-    "context_management": "'context_management' is not supported: the conversation is sent as it is.",
-    "inference_geo": "'inference_geo' is not supported: a deployment runs where its replicas are.",
-    "diagnostics": "'diagnostics' is not supported.",
-    "user_profile_id": "'user_profile_id' is not supported: API keys, not user profiles, identify callers here.",
-    "workspace_id": "'workspace_id' is not supported: API keys, not workspaces, scope callers here.",
-}
+    "container": (([],), "'container' is not supported: no code execution tool is built."),
+    "mcp_servers": (([],), "'mcp_servers' is not supported: the gateway connects to no MCP server."),
+    "context_management": (([],), "'context_management' is not supported: the conversation is sent as it is."),
+    "inference_geo": (([],), "'inference_geo' is not supported: a deployment runs where its replicas are."),
+    "diagnostics": (([],), "'diagnostics' is not supported."),
+    "user_profile_id": (([],), "'user_profile_id' is not supported: API keys, not user profiles, identify callers "
+                        "here."),
+    "workspace_id": (([],), "'workspace_id' is not supported: API keys, not workspaces, scope callers here."),
+}  # fmt: skip
 
 
 # Answered in Anthropic's error shape, even by the ASGI handler.
@@ -39,7 +45,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
 
 
-def error_body(exc: OpenAIError) -> dict:
+def error_body(exc: GatewayError) -> dict:
     """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
     kind = ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": exc.message}}
@@ -107,7 +113,7 @@ UNREAD = {"image": "images", "document": "documents", "search_result": "search r
           "thinking": "thinking blocks", "redacted_thinking": "thinking blocks"}  # fmt: skip
 
 
-def _unsupported_block(kind: str, param: str, role: str) -> OpenAIError:
+def _unsupported_block(kind: str, param: str, role: str) -> GatewayError:
     if kind in UNREAD:
         return bad(f"{param}: {kind} blocks are not supported: the served models read text, not {UNREAD[kind]}.",
                    f"{param}.type", "unsupported")  # fmt: skip
@@ -246,13 +252,8 @@ def _output_format(value) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def _refuse_unsupported(body: dict) -> None:
-    for name, value in body.items():
-        if name in UNSUPPORTED:
-            if value is not None and value != []:
-                raise bad(UNSUPPORTED[name], name, "unsupported")
-        elif name not in PARAMS:
-            raise bad(f"{name}: Extra inputs are not permitted.", name, "unknown_parameter")
+def _settings(body: dict) -> None:
+    """The accepted parameters that must ask for nothing beyond what is built."""
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise bad("thinking: only {\"type\": \"disabled\"} is supported: no reasoning model is served.", "thinking",
@@ -271,37 +272,23 @@ def _refuse_unsupported(body: dict) -> None:
             _string(metadata["user_id"], "metadata.user_id")
 
 
-# parse_chat's names and wording, as this API has them.
-_RENAMES = [("response_format.json_schema.schema", "output_config.format.schema"),
-            ("response_format", "output_config.format"), ("stop", "stop_sequences")]  # fmt: skip
-# A chat tool's path as this API's (unquoted, as its messages name parameters).
-_TOOL_FIELDS = [(re.compile(r"'?\btools\[(\d+)\]\.function\.parameters\b'?"), r"tools.\1.input_schema"),
-                (re.compile(r"'?\btools\[(\d+)\]\.function\.(\w+)'?"), r"tools.\1.\2"),
-                (re.compile(r"\btools\[(\d+)\]"), r"tools.\1")]  # fmt: skip
-
-
-@contextmanager
-def renamed():
-    try:
-        yield
-    except OpenAIError as exc:
-        for old, new in _RENAMES:
-            if exc.param is not None and exc.param.startswith(old):
-                exc.param = new + exc.param[len(old) :]
-                break
-        for old, new in _RENAMES:
-            exc.message = exc.message.replace(f"'{old}'", new)
-        for pattern, new in _TOOL_FIELDS:
-            exc.param = None if exc.param is None else pattern.sub(new, exc.param)
-            exc.message = pattern.sub(new, exc.message)
-        raise
+# parse_chat's names as this API's (unquoted, as its messages name parameters; a chat tool's
+# `function` is a Messages tool's own fields, its `parameters` the `input_schema`).
+NAMES = Names(
+    renames=(("response_format.json_schema.schema", "output_config.format.schema"),
+             ("response_format", "output_config.format"), ("stop", "stop_sequences")),
+    nested="",
+    tools=((re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools.\1.input_schema"),
+           (re.compile(r"\btools\[(\d+)\]\.function\.(\w+)"), r"tools.\1.\2"),
+           (re.compile(r"\btools\[(\d+)\]"), r"tools.\1")),
+    quoted=False,
+)  # fmt: skip
 
 
 def parse_messages(body: dict) -> MessagesRequest:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model: Field required (the name of a deployment, see GET /v1/models).", "model", "missing")
-    _refuse_unsupported(body)
+    model = checks.model(body, "model: Field required (the name of a deployment, see GET /v1/models).")
+    checks.refuse_unknown(body, PARAMS, UNSUPPORTED, "{}: Extra inputs are not permitted.")
+    _settings(body)
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= INT32_MAX:
         raise bad(f"max_tokens: {'Field required' if max_tokens is None else 'must be an integer >= 1'}.",
@@ -331,7 +318,7 @@ def parse_messages(body: dict) -> MessagesRequest:
         "tools": _tools(body.get("tools"), choice not in ("auto", "none")), "tool_choice": choice,
         "response_format": _output_format(body.get("output_config")),
     }  # fmt: skip
-    with renamed():
+    with naming(NAMES):
         req = parse_chat({k: v for k, v in chat.items() if v is not None})
     return MessagesRequest(model=model, stream=req.stream, req=req)
 

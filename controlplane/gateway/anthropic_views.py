@@ -15,13 +15,13 @@ import logging
 import uuid
 
 import redis
-from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation, tokenization
 from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_count_tokens, parse_messages
-from controlplane.gateway.openai_request import OpenAIError, parse_json, too_large
+from controlplane.gateway.core.body import read_json
+from controlplane.gateway.core.errors import GatewayError
 from controlplane.gateway.openai_views import _deltas, _headers
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall
@@ -30,7 +30,7 @@ from workers.protocol.replica import DeltaEvent
 log = logging.getLogger(__name__)
 
 
-def error_response(exc: OpenAIError) -> JsonResponse:
+def error_response(exc: GatewayError) -> JsonResponse:
     response = JsonResponse(error_body(exc), status=exc.status)
     for name, value in exc.headers.items():
         response[name] = value
@@ -42,10 +42,10 @@ def anthropic_view(view):
 
     async def handler(request, *args, **kwargs):
         if request.method != "POST":
-            return error_response(OpenAIError(405, f"Use POST on {request.path}."))
+            return error_response(GatewayError(405, f"Use POST on {request.path}."))
         try:
             return await view(request, *args, **kwargs)
-        except OpenAIError as exc:
+        except GatewayError as exc:
             return error_response(exc)
         except redis.RedisError as exc:
             log.exception("Redis failed under %s", request.path)
@@ -59,7 +59,7 @@ def anthropic_view(view):
 async def _caller(request) -> generation.Caller:
     secret = request.headers.get("x-api-key") or generation.secret_from_header(request.headers.get("Authorization"))
     if not secret:
-        raise OpenAIError(401, "Missing API key: send it as 'x-api-key: sy-...' (or 'Authorization: Bearer sy-...').")
+        raise GatewayError(401, "Missing API key: send it as 'x-api-key: sy-...' (or 'Authorization: Bearer sy-...').")
     return await generation.caller_from_secret(secret)
 
 
@@ -158,18 +158,10 @@ def sse_event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def _body(request) -> dict:
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise too_large() from None
-    return parse_json(raw)
-
-
 @anthropic_view
 async def messages(request):
     caller = await _caller(request)  # 401 before looking at the body
-    parsed = parse_messages(_body(request))
+    parsed = parse_messages(read_json(request))
     gen = await generation.start(parsed.req, caller, request.headers)
     builder = MessageBuilder(parsed)
     if parsed.stream:
@@ -195,7 +187,7 @@ async def _stream(builder: MessageBuilder, gen: generation.Generation):
             async for delta in gen.events():
                 for name, data in builder.feed(delta):
                     yield sse_event(name, data)
-        except OpenAIError as exc:
+        except GatewayError as exc:
             yield sse_event("error", error_body(exc))
     finally:
         await gen.close()
@@ -206,10 +198,10 @@ async def count_tokens(request):
     """The prompt's tokens, as the deployment's replicas would run it (the chat template with its
     tools): `{"input_tokens": n}`. Nothing is generated, so no rate limit applies."""
     caller = await _caller(request)
-    parsed = parse_count_tokens(_body(request))
+    parsed = parse_count_tokens(read_json(request))
     deployment = await generation.resolve_deployment(parsed.model, caller)
     ids = await asyncio.to_thread(tokenization.prompt_ids, deployment, parsed.req)
     if ids is None:  # a hub model, or a directory this web process does not see
-        raise OpenAIError(501, f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
+        raise GatewayError(501, f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
                           "tokenizer (the replicas tokenise its requests).")  # fmt: skip
     return JsonResponse({"input_tokens": len(ids)})

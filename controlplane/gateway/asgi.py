@@ -12,7 +12,7 @@ from django.http import HttpResponse, JsonResponse
 
 from controlplane.common.asgi import LimitedBodyASGIHandler
 from controlplane.gateway.anthropic_request import ANTHROPIC_PATHS, error_body
-from controlplane.gateway.openai_request import too_large
+from controlplane.gateway.core.body import too_large
 
 
 class GatewayASGIHandler(LimitedBodyASGIHandler):

@@ -22,7 +22,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from redis.exceptions import RedisError
 
 from controlplane.gateway import generation
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_json, session_key
+from controlplane.gateway.core.body import parse_json
+from controlplane.gateway.core.checks import session_key
+from controlplane.gateway.core.errors import GatewayError
+from controlplane.gateway.openai_request import parse_chat
 from controlplane.gateway.openai_views import ChatShaper, finish_reason
 from controlplane.gateway.tool_calls import ToolCall
 
@@ -39,10 +42,10 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
             if key is None and user is not None and user.is_authenticated:
                 self.caller = generation.caller_from_user(user)
             elif key is None:
-                raise OpenAIError(401, MISSING_CREDENTIALS, code="missing_api_key")
+                raise GatewayError(401, MISSING_CREDENTIALS, code="missing_api_key")
             else:
                 self.caller = await generation.caller_from_secret(key)
-        except OpenAIError as exc:
+        except GatewayError as exc:
             # Accepted first: a close before the accept reaches the client as a bare HTTP 403,
             # without the code or the reason.
             await self.accept()
@@ -59,14 +62,14 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
         that is not gets an error with `id: null` and the socket, with its other requests, goes on."""
         try:
             content = parse_json(text_data if text_data is not None else bytes_data or b"")
-        except OpenAIError as exc:
+        except GatewayError as exc:
             await self._error(None, exc)
             return
         await self.receive_json(content)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict) or not isinstance(content.get("id"), str) or not content["id"]:
-            await self._error(None, OpenAIError(400, "Each message needs a string 'id' of your choosing.", "id"))
+            await self._error(None, GatewayError(400, "Each message needs a string 'id' of your choosing.", "id"))
             return
         rid = content["id"]
         if content.get("type") == "cancel":
@@ -75,14 +78,14 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                 task.cancel()
             return
         if rid in self.tasks:
-            await self._error(rid, OpenAIError(400, f"Request id '{rid}' is already running.", "id"))
+            await self._error(rid, GatewayError(400, f"Request id '{rid}' is already running.", "id"))
             return
         if len(self.tasks) >= MAX_CONCURRENT_PER_SOCKET:
-            await self._error(rid, OpenAIError(429, "Too many requests running on this socket.", code="too_many"))
+            await self._error(rid, GatewayError(429, "Too many requests running on this socket.", code="too_many"))
             return
         self.tasks[rid] = asyncio.get_running_loop().create_task(self._run(rid, content))
 
-    async def _error(self, rid: str | None, exc: OpenAIError) -> None:
+    async def _error(self, rid: str | None, exc: GatewayError) -> None:
         await self.send_json({"type": "error", "id": rid, "error": exc.body()["error"]})
 
     async def _run(self, rid: str, content: dict) -> None:
@@ -91,7 +94,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
             body = {k: v for k, v in content.items() if k not in ("id", "type", "stream", "session")}
             req = parse_chat(body)
             if req.params.n > 1:  # one answer per socket request: its events carry no choice index
-                raise OpenAIError(400, "'n' > 1 is not built yet on the console websocket; use /v1/chat/completions.",
+                raise GatewayError(400, "'n' > 1 is not built yet on the console websocket; use /v1/chat/completions.",
                                   "n", "unsupported")  # fmt: skip
             session = session_key(content.get("session"), "session")  # as prompt_cache_key
             gen = await generation.start(req, self.caller, session=session)
@@ -112,7 +115,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                     if gen.resumed:  # it moved to another replica mid-request (see failover.py)
                         done["resumed"] = gen.resumed
                     await self.send_json(done)
-        except OpenAIError as exc:
+        except GatewayError as exc:
             await self._error(rid, exc)
         except RedisError as exc:  # the broker went away: this request ends cleanly, the socket stays
             await self._error(rid, generation.broker_unavailable(exc))

@@ -27,9 +27,11 @@ from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import failover, quality, ratelimit, router, selectors, tokenization
+from controlplane.gateway.core.checks import session_key
+from controlplane.gateway.core.errors import GatewayError
+from controlplane.gateway.core.request import GenerationRequest
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, session_key
 from controlplane.gateway.services import authenticate
 from workers.protocol.replica import ENGINE_ERROR, AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
 
@@ -49,10 +51,10 @@ class Caller:
 @sync_to_async
 def caller_from_secret(secret: str | None) -> Caller:
     if not secret:
-        raise OpenAIError(401, "Missing API key: send it as 'Authorization: Bearer sy-...'.", code="missing_api_key")
+        raise GatewayError(401, "Missing API key: send it as 'Authorization: Bearer sy-...'.", code="missing_api_key")
     key = authenticate(secret)
     if key is None:
-        raise OpenAIError(401, "Invalid or revoked API key.", code="invalid_api_key")
+        raise GatewayError(401, "Invalid or revoked API key.", code="invalid_api_key")
     allowed = frozenset(key.allowed_deployments.values_list("id", flat=True)) or None
     now = timezone.now()
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:  # a write per minute at most
@@ -84,11 +86,11 @@ def _resolve(name: str, caller: Caller) -> Deployment:
     if slug_re.match(name):  # any other name is no deployment's (and a NUL in it would fail the query)
         deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
     if deployment is None:
-        raise OpenAIError(404, f"The model '{name}' does not exist (see GET /v1/models).", "model", "model_not_found")
+        raise GatewayError(404, f"The model '{name}' does not exist (see GET /v1/models).", "model", "model_not_found")
     if caller.allowed is not None and deployment.pk not in caller.allowed:
-        raise OpenAIError(403, f"This API key may not use the model '{name}'.", "model", "model_not_allowed")
+        raise GatewayError(403, f"This API key may not use the model '{name}'.", "model", "model_not_allowed")
     if deployment.desired_state != Deployment.DesiredState.RUNNING:
-        raise OpenAIError(
+        raise GatewayError(
             503, f"The model '{name}' is stopped.", "model", "model_stopped", headers={"Retry-After": "10"}
         )
     return deployment
@@ -134,7 +136,7 @@ class Generation:
     async def events(self) -> AsyncIterator[DeltaEvent]:
         """Delta events, then the stream ends. A replica lost under the request (dead, hung,
         restarted) is replaced by another and the events go on from where they were; if none
-        can take it, or the replica itself reports an error, an OpenAIError ends them."""
+        can take it, or the replica itself reports an error, an GatewayError ends them."""
         try:
             while not self.stream.finished:
                 event = await self.stream.next_event()
@@ -144,8 +146,8 @@ class Generation:
                     if event.code == REPLICA_LOST and await self._resume(event):
                         continue
                     if event.code == ENGINE_ERROR:  # this request's alone: another replica would fail the same way
-                        raise OpenAIError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
-                    raise OpenAIError(502, event.message or "replica error", code="replica_error")
+                        raise GatewayError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
+                    raise GatewayError(502, event.message or "replica error", code="replica_error")
                 if not isinstance(event, DeltaEvent):  # `accepted` came first and was read by _place
                     continue
                 if self.first_token_at is None:
@@ -170,7 +172,7 @@ class Generation:
 
     async def _resume(self, lost: ErrorEvent) -> bool:
         """Continue the request on another ready replica of the deployment; False when failover
-        is off or this request may not move again. Raises OpenAIError when no replica can, or
+        is off or this request may not move again. Raises GatewayError when no replica can, or
         when this is the second replica lost under it (a poison request)."""
         progress = self.progress
         old = self.stream  # closed (aborted, uncounted) when it reported the loss
@@ -193,7 +195,7 @@ class Generation:
             )  # fmt: skip
         except PoisonRequest:
             raise
-        except (OpenAIError, RedisError) as exc:
+        except (GatewayError, RedisError) as exc:
             stream, reason = None, getattr(exc, "message", None) or str(exc)
         else:
             reason = None if stream is not None else first.message or "refused"
@@ -202,7 +204,7 @@ class Generation:
             await failover.record("request.failover_failed", self.deployment, {
                 "request_id": self.request_id, "from_replica": old.replica_id, "after_tokens": after,
                 "problem": lost.message, "reason": reason})  # fmt: skip
-            raise OpenAIError(
+            raise GatewayError(
                 503,
                 f"{lost.message or 'the replica was lost'} after {after} tokens, and no other replica of "
                 f"'{self.deployment.slug}' could resume the request; retry it.",
@@ -235,8 +237,8 @@ class Generation:
                 await self.losses.clear(self.stream.hub.redis)
 
 
-def broker_unavailable(exc: Exception | str) -> OpenAIError:
-    return OpenAIError(503, f"The request broker is unavailable ({exc}); retry shortly.",
+def broker_unavailable(exc: Exception | str) -> GatewayError:
+    return GatewayError(503, f"The request broker is unavailable ({exc}); retry shortly.",
                        code="broker_unavailable", headers={"Retry-After": "2"})  # fmt: skip
 
 
@@ -254,7 +256,7 @@ async def _place(
     """Route `message`, send it and wait for the replica's first answer: (route, stream, its
     `accepted`), or (route, None, the refusal) when the replica refuses the request itself. A
     replica that is draining (503) or dies before answering is skipped for another, ATTEMPTS
-    in all; raises OpenAIError 503 when no replica is left. `losses`: the replicas lost under
+    in all; raises GatewayError 503 when no replica is left. `losses`: the replicas lost under
     the request so far, where one that dies before answering is added; once one was, the next
     replica has the request as a suspect (failover.Losses), and a second raises (poison)."""
     losses = losses if losses is not None else failover.Losses()
@@ -297,11 +299,11 @@ async def _place(
             tried.add(route.replica_id)
             continue
         return route, None, first
-    raise OpenAIError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
+    raise GatewayError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
                       headers={"Retry-After": "2"})  # fmt: skip
 
 
-class PoisonRequest(OpenAIError):
+class PoisonRequest(GatewayError):
     """A request lost with a second replica: ended, never resumed (`_poisoned`)."""
 
 
@@ -322,16 +324,16 @@ async def _poisoned(hub: ReplicaHub, deployment: Deployment, losses: failover.Lo
     )
 
 
-def _no_ready_replica(exc: router.NoReadyReplica) -> OpenAIError:
+def _no_ready_replica(exc: router.NoReadyReplica) -> GatewayError:
     slug = exc.deployment.slug
     if exc.failed:  # gave up: waiting will not help
-        return OpenAIError(
+        return GatewayError(
             503,
             f"Deployment '{slug}' has failed: {exc.deployment.failed_reason}. It is not retrying; an operator"
             f" must restart it (POST /api/v1/deployments/{slug}/restart/).",
             code="deployment_failed",
         )
-    return OpenAIError(503, f"Deployment '{slug}' has no ready replica right now; try again shortly.",
+    return GatewayError(503, f"Deployment '{slug}' has no ready replica right now; try again shortly.",
                        code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
 
 
@@ -380,7 +382,7 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
                       prompt_counted=prompt_tokens is not None)  # fmt: skip
 
 
-def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
+def _refusal(req: GenerationRequest, event: ErrorEvent) -> GatewayError:
     """A replica's refusal at admission. A 4xx names the parameter the replica found at fault
     (its messages are written for clients); anything else is the replica failing, reported
     without its internals."""
@@ -392,7 +394,7 @@ def _refusal(req: GenerationRequest, event: ErrorEvent) -> OpenAIError:
         prompt = "messages" if req.kind == "chat" else "prompt"
         param = prompt if event.param == "prompt" else event.param
         param = param or (prompt if code == "context_length_exceeded" else None)
-        return OpenAIError(status, event.message or "The replica refused the request.", param, code)
+        return GatewayError(status, event.message or "The replica refused the request.", param, code)
     if event.code == ENGINE_ERROR:
-        return OpenAIError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
-    return OpenAIError(502, "The replica failed to admit the request; retry it.", code="replica_error")
+        return GatewayError(500, event.message or "the engine failed on this request", code=ENGINE_ERROR)
+    return GatewayError(502, "The replica failed to admit the request; retry it.", code="replica_error")

@@ -12,26 +12,21 @@ import json
 import logging
 
 import redis
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation
-from controlplane.gateway.openai_request import (
-    GenerationRequest,
-    OpenAIError,
-    parse_chat,
-    parse_completion,
-    parse_json,
-    too_large,
-)
+from controlplane.gateway.core.body import read_json
+from controlplane.gateway.core.errors import GatewayError
+from controlplane.gateway.core.request import GenerationRequest
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
 from workers.protocol.replica import DeltaEvent, TokenLogprob
 
 log = logging.getLogger(__name__)
 
 
-def error_response(exc: OpenAIError) -> JsonResponse:
+def error_response(exc: GatewayError) -> JsonResponse:
     response = JsonResponse(exc.body(), status=exc.status)
     for name, value in exc.headers.items():
         response[name] = value
@@ -44,11 +39,11 @@ def openai_view(methods: tuple[str, ...]):
     def wrap(view):
         async def handler(request, *args, **kwargs):
             if request.method not in methods:
-                return error_response(OpenAIError(405, f"Use {' or '.join(methods)} on {request.path}.",
+                return error_response(GatewayError(405, f"Use {' or '.join(methods)} on {request.path}.",
                                                   code="method_not_allowed"))  # fmt: skip
             try:
                 return await view(request, *args, **kwargs)
-            except OpenAIError as exc:
+            except GatewayError as exc:
                 return error_response(exc)
             except redis.RedisError as exc:
                 log.exception("Redis failed under %s", request.path)
@@ -158,7 +153,7 @@ async def _event_stream(gen: generation.Generation, chunks):
         try:
             async for chunk in chunks:
                 yield chunk
-        except OpenAIError as exc:
+        except GatewayError as exc:
             yield sse(exc.body())
         yield sse("[DONE]")
     finally:
@@ -203,11 +198,7 @@ async def retrieve_model(request, model_id: str):
 
 async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generation]:
     caller = await _caller(request)  # 401 before looking at the body
-    try:
-        raw = request.body
-    except RequestDataTooBig:  # over MAX_REQUEST_BYTES (the ASGI handler refuses most before)
-        raise too_large() from None
-    req = parse(parse_json(raw))
+    req = parse(read_json(request))
     req.timing = request.headers.get("x-switchyard-timing") == "1"
     return req, await generation.start(req, caller, request.headers)
 
@@ -352,4 +343,4 @@ async def _completion_stream(req, gen):
 
 @csrf_exempt  # like every /v1 view: an unknown path is a 404 whatever the method, never a CSRF page
 def not_found(request, path: str = ""):
-    return error_response(OpenAIError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url"))
+    return error_response(GatewayError(404, f"Unknown endpoint {request.method} {request.path}.", code="unknown_url"))

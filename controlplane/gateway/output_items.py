@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.gateway.openai_request import GenerationRequest
+from controlplane.gateway.core.request import GenerationRequest
 from controlplane.gateway.openai_views import ChatShaper
 from controlplane.gateway.tool_calls import ToolCall
 from workers.protocol.replica import DeltaEvent

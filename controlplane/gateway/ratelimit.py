@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from controlplane.gateway.openai_request import OpenAIError
+from controlplane.gateway.core.errors import GatewayError
 
 WINDOW = 60
 
@@ -32,7 +32,7 @@ async def check(redis, key, prompt_tokens: int | None = None) -> None:
     window, retry = _window()
     if key.tpm_limit is not None:
         if prompt_tokens is not None and prompt_tokens > key.tpm_limit:
-            raise OpenAIError(
+            raise GatewayError(
                 429,
                 f"Request too large: its prompt has {prompt_tokens} tokens, more than this key may use in a minute"
                 f" ({key.tpm_limit}).",
@@ -40,7 +40,7 @@ async def check(redis, key, prompt_tokens: int | None = None) -> None:
             )
         used = int(await redis.get(f"switchyard:rl:{key.pk}:tokens:{window}") or 0)
         if used + (prompt_tokens or 0) > key.tpm_limit or used >= key.tpm_limit:
-            raise OpenAIError(
+            raise GatewayError(
                 429,
                 f"Rate limit reached: {used} tokens used this minute (limit {key.tpm_limit} per minute).",
                 code="rate_limit_exceeded",
@@ -53,7 +53,7 @@ async def check(redis, key, prompt_tokens: int | None = None) -> None:
         pipe.expire(name, WINDOW * 2)
         count, _ = await pipe.execute()
         if count > key.rpm_limit:
-            raise OpenAIError(
+            raise GatewayError(
                 429,
                 f"Rate limit reached: {key.rpm_limit} requests per minute.",
                 code="rate_limit_exceeded",

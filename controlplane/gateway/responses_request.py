@@ -4,7 +4,7 @@ A Responses request is a chat in other words: its `input` items become chat mess
 stored conversation `previous_response_id` names, and `instructions` as the system message), its
 flat function tools the chat endpoint's tools, `text.format` its `response_format`. The chat
 parser (openai_request.parse_chat) then checks and builds what the replica is sent, so both
-endpoints accept and refuse the same values; its errors are renamed to this API's parameters.
+endpoints accept and refuse the same values; its errors name this API's parameters (NAMES).
 Every Responses parameter this server does not build is a 400 naming it.
 """
 
@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from controlplane.gateway.openai_request import INT32_MAX, GenerationRequest, OpenAIError, bad, parse_chat
+from controlplane.gateway.core import checks
+from controlplane.gateway.core.checks import INT32_MAX
+from controlplane.gateway.core.errors import bad
+from controlplane.gateway.core.naming import Names, naming
+from controlplane.gateway.core.request import GenerationRequest
+from controlplane.gateway.openai_request import parse_chat
 
 # Read here; each maps to the chat parameter of the same meaning or shapes the answer.
 PARAMS = {
@@ -64,50 +68,18 @@ class ResponsesRequest:
     def generation_request(self, history: list[dict]) -> GenerationRequest:
         """The chat request to run: instructions, the stored history, then this input."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        with renamed():
+        with naming(NAMES):
             return parse_chat({**self.chat, "messages": system + history + self.input_messages})
 
 
-# parse_chat's parameter names, as this API calls them.
-_RENAMES = [("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-            ("max_tokens", "max_output_tokens"), ("messages", "input"), ("tool_choice.function.name",
-            "tool_choice.name")]  # fmt: skip
-
-
-_TOOL_FIELD = re.compile(r"\btools\[(\d+)\]\.function\.")  # a chat tool's `function` is a Responses tool's own
-
-
-def rename_param(exc: OpenAIError) -> OpenAIError:
-    """An error of the chat parser or of admission, naming this API's parameter."""
-    for old, new in _RENAMES:
-        if exc.param is not None and (exc.param == old or exc.param.startswith(old + "[")):
-            exc.param = new + exc.param[len(old) :]
-            break
-    for old, new in _RENAMES:
-        exc.message = exc.message.replace(f"'{old}'", f"'{new}'").replace(f"your {old} ", f"your {new} ")
-    if exc.param is not None:
-        exc.param = _TOOL_FIELD.sub(r"tools[\1].", exc.param)
-    exc.message = _TOOL_FIELD.sub(r"tools[\1].", exc.message)
-    return exc
-
-
-@contextmanager
-def renamed():
-    """OpenAIErrors raised inside name this API's parameters."""
-    try:
-        yield
-    except OpenAIError as exc:
-        raise rename_param(exc) from None
-
-
-def _refuse_unsupported(body: dict) -> None:
-    for name, value in body.items():
-        if name in UNSUPPORTED:
-            accepted, message = UNSUPPORTED[name]
-            if value is not None and not any(type(value) is type(ok) and value == ok for ok in accepted):
-                raise bad(message, name, "unsupported")
-        elif name not in PARAMS:
-            raise bad(f"Unrecognized request argument supplied: '{name}'.", name, "unknown_parameter")
+# parse_chat's parameter names, as this API calls them (a chat tool's `function` is a Responses
+# tool's own fields).
+NAMES = Names(
+    renames=(("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
+             ("max_tokens", "max_output_tokens"), ("messages", "input"),
+             ("tool_choice.function.name", "tool_choice.name")),
+    tools=((re.compile(r"\btools\[(\d+)\]\.function\."), r"tools[\1]."),),
+)  # fmt: skip
 
 
 def _string(value, param: str, *, empty: bool = True) -> str:
@@ -273,10 +245,8 @@ def response_id(value, param: str = "previous_response_id") -> str:
 
 
 def parse_responses(body: dict) -> ResponsesRequest:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required: the name of a deployment (see GET /v1/models).", "model", "missing")
-    _refuse_unsupported(body)
+    model = checks.model(body)
+    checks.refuse_unknown(body, PARAMS, UNSUPPORTED)
     shown_choice, chat_choice = _tool_choice(body.get("tool_choice"))
     tools, chat_tools = _tools(body.get("tools"), chat_choice)
     shown_format, response_format = _text_format(body.get("text"))

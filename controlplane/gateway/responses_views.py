@@ -15,15 +15,17 @@ import uuid
 from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse, StreamingHttpResponse
 
 from controlplane.gateway import generation
+from controlplane.gateway.core.body import read_json
+from controlplane.gateway.core.errors import GatewayError, bad
+from controlplane.gateway.core.naming import naming
+from controlplane.gateway.core.request import GenerationRequest
 from controlplane.gateway.models import StoredResponse
-from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, bad, parse_json, too_large
 from controlplane.gateway.openai_views import _caller, _deltas, _headers, _prefill_note, openai_view
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
-from controlplane.gateway.responses_request import MAX_ID, ResponsesRequest, parse_responses, renamed
+from controlplane.gateway.responses_request import MAX_ID, NAMES, ResponsesRequest, parse_responses
 from workers.protocol.replica import DeltaEvent
 
 
@@ -178,7 +180,7 @@ def _stored(rid: str, caller: generation.Caller) -> StoredResponse:
     ok = rid.startswith("resp_") and len(rid) <= MAX_ID and "\x00" not in rid  # else no response's (nor a valid query)
     row = StoredResponse.objects.filter(pk=rid, owner_id=_owner(caller)).first() if ok else None
     if row is None:
-        raise OpenAIError(404, f"No response with id '{rid}' found.", "response_id", "not_found")
+        raise GatewayError(404, f"No response with id '{rid}' found.", "response_id", "not_found")
     return row
 
 
@@ -195,13 +197,9 @@ def sse_event(event: dict) -> bytes:
 @openai_view(("POST",))
 async def create_response(request):
     caller = await _caller(request)  # 401 before looking at the body
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise too_large() from None
-    parsed = parse_responses(parse_json(raw))
+    parsed = parse_responses(read_json(request))
     history = await _history(parsed.previous_response_id, caller) if parsed.previous_response_id else []
-    with renamed():
+    with naming(NAMES):  # admission's errors too name this API's parameters
         req = parsed.generation_request(history)
         gen = await generation.start(req, caller, request.headers)
     builder = ResponseBuilder(parsed, req, gen.created, history, note=lambda body: _prefill_note(gen, body))
@@ -234,7 +232,7 @@ async def _stream(builder: ResponseBuilder, gen: generation.Generation):
                     await _store(builder, gen.caller, events[-1]["response"])
                 for event in events:
                     yield sse_event(event)
-        except OpenAIError as exc:
+        except GatewayError as exc:
             error = {"code": exc.code or exc.type, "message": exc.message}
             yield sse_event(builder.event("response.failed", response=builder.response("failed", error)))
     finally:

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment
-from controlplane.gateway.openai_request import GenerationRequest, OpenAIError, bad
+from controlplane.gateway.core.errors import GatewayError, bad
+from controlplane.gateway.core.naming import bare
+from controlplane.gateway.core.request import GenerationRequest
 from workers.protocol.errors import RequestError
 from workers.protocol.model_files import ModelDirectoryError, max_context, model_file, read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
@@ -82,7 +84,7 @@ def model_text(model: Model) -> ModelText | None:
 
 def prompt_ids(deployment: Deployment, req: GenerationRequest) -> list[int] | None:
     """The ids the deployment's replicas run for `req` (the client's own ids pass through); None
-    when the gateway cannot read the model. Raises OpenAIError 400 for a conversation the chat
+    when the gateway cannot read the model. Raises GatewayError 400 for a conversation the chat
     template refuses or cannot render, as the replica would."""
     if req.prompt_token_ids is not None:
         return req.prompt_token_ids
@@ -122,7 +124,7 @@ async def tokenize(deployment: Deployment, req: GenerationRequest) -> None:
     if limit is not None and len(ids) >= limit:
         # The engine's check_prompt; max_tokens past the room left is cut short there, not refused.
         param = _param(req, "prompt")
-        raise OpenAIError(400, f"This model's maximum context length is {limit} tokens; your {param} resulted "
+        raise GatewayError(400, f"This model's maximum context length is {limit} tokens; your {bare(param)} resulted "
                           f"in {len(ids)} tokens, which leaves none to generate.", param,
                           "context_length_exceeded")  # fmt: skip
     req.prompt_token_ids = ids

@@ -16,12 +16,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import generation, tokenization
-from controlplane.gateway.openai_request import OpenAIError, bad, parse_chat, parse_json, too_large
+from controlplane.gateway.core import checks
+from controlplane.gateway.core.body import read_json
+from controlplane.gateway.core.errors import GatewayError, bad
+from controlplane.gateway.openai_request import parse_chat
 from controlplane.gateway.openai_views import _caller, openai_view
 from workers.protocol.errors import RequestError
 
@@ -32,10 +34,10 @@ TOKENIZE_PARAMS = {"model", "prompt", "messages", "tools", "add_special_tokens",
 DETOKENIZE_PARAMS = {"model", "tokens"}
 # vLLM parameters not built here: refused unless they ask for nothing (null, or their default).
 NOT_BUILT = {
-    "continue_final_message": (False, "'continue_final_message' is not built yet."),
-    "chat_template": (None, "'chat_template' is not built yet: the model's own template is used."),
-    "chat_template_kwargs": ({}, "'chat_template_kwargs' is not built yet."),
-    "mm_processor_kwargs": ({}, "'mm_processor_kwargs' is not built yet: no multimodal model is served."),
+    "continue_final_message": ((False,), "'continue_final_message' is not built yet."),
+    "chat_template": ((), "'chat_template' is not built yet: the model's own template is used."),
+    "chat_template_kwargs": (({},), "'chat_template_kwargs' is not built yet."),
+    "mm_processor_kwargs": (({},), "'mm_processor_kwargs' is not built yet: no multimodal model is served."),
 }
 
 
@@ -59,26 +61,9 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _model(body: dict) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required: the name of a deployment (see GET /v1/models).", "model", "missing")
-    return model
-
-
-def _refuse_unknown(body: dict, known: set[str]) -> None:
-    for name, value in body.items():
-        if name in NOT_BUILT:
-            default, message = NOT_BUILT[name]
-            if value is not None and not (type(value) is type(default) and value == default):
-                raise bad(message, name, "unsupported")
-        elif name not in known:
-            raise bad(f"Unrecognized request argument supplied: '{name}'.", name, "unknown_parameter")
-
-
 def parse_tokenize(body: dict) -> TokenizeRequest:
-    model = _model(body)
-    _refuse_unknown(body, TOKENIZE_PARAMS)
+    model = checks.model(body)
+    checks.refuse_unknown(body, TOKENIZE_PARAMS, NOT_BUILT)
     has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
     if has_prompt == has_messages:
         raise bad("Send either 'prompt' (a text) or 'messages' (a chat), not both." if has_prompt
@@ -103,8 +88,8 @@ def parse_tokenize(body: dict) -> TokenizeRequest:
 
 
 def parse_detokenize(body: dict) -> tuple[str, list[int]]:
-    model = _model(body)
-    _refuse_unknown(body, DETOKENIZE_PARAMS)
+    model = checks.model(body)
+    checks.refuse_unknown(body, DETOKENIZE_PARAMS, NOT_BUILT)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad("'tokens' must be a list of token ids (integers).", "tokens",
@@ -115,7 +100,7 @@ def parse_detokenize(body: dict) -> tuple[str, list[int]]:
 def _text(deployment: Deployment) -> tokenization.ModelText:
     text = tokenization.model_text(deployment.model)
     if text is None:  # a hub model, or a directory this web process does not see
-        raise OpenAIError(501, f"The model '{deployment.slug}' cannot be tokenised here: the gateway cannot read "
+        raise GatewayError(501, f"The model '{deployment.slug}' cannot be tokenised here: the gateway cannot read "
                           "its tokenizer (the replicas tokenise its requests).", "model")  # fmt: skip
     return text
 
@@ -151,18 +136,10 @@ def detokenize_text(deployment: Deployment, tokens: list[int]) -> str:
     return tok.decode(tokens, skip_special_tokens=False)
 
 
-def _body(request) -> dict:
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise too_large() from None
-    return parse_json(raw)
-
-
 @openai_view(("POST",))
 async def tokenize(request):
     caller = await _caller(request)  # 401 before looking at the body
-    req = parse_tokenize(_body(request))
+    req = parse_tokenize(read_json(request))
     deployment = await generation.resolve_deployment(req.model, caller)
     return JsonResponse(await asyncio.to_thread(tokenize_ids, deployment, req))
 
@@ -170,6 +147,6 @@ async def tokenize(request):
 @openai_view(("POST",))
 async def detokenize(request):
     caller = await _caller(request)
-    model, tokens = parse_detokenize(_body(request))
+    model, tokens = parse_detokenize(read_json(request))
     deployment = await generation.resolve_deployment(model, caller)
     return JsonResponse({"prompt": await asyncio.to_thread(detokenize_text, deployment, tokens)})

@@ -18,8 +18,8 @@ from controlplane.config.asgi import application
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.anthropic_request import parse_count_tokens, parse_messages
 from controlplane.gateway.anthropic_views import MessageBuilder
+from controlplane.gateway.core.errors import OpenAIError
 from controlplane.gateway.models import StoredResponse
-from controlplane.gateway.openai_request import OpenAIError
 from controlplane.gateway.responses_request import parse_responses
 from controlplane.gateway.responses_views import ResponseBuilder
 from controlplane.gateway.services import create_api_key

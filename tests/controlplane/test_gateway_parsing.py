@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion, parse_json
+from controlplane.gateway.core.body import parse_json
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -5,7 +5,8 @@ through the stack in tests/integration/test_structured_serving.py)."""
 
 import pytest
 
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "messages": MSG}

@@ -25,7 +25,8 @@ from controlplane.deployments.reconciler import reconcile_all
 from controlplane.deployments.replica_states import transition_replica
 from controlplane.deployments.services import create_deployment
 from controlplane.gateway import tokenization
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from controlplane.gateway.services import create_api_key
 from controlplane.inventory.services import register_node
 from tests.support.played_replica import played_replica

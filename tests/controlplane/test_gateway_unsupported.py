@@ -10,7 +10,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "messages": MSG}

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from controlplane.config.asgi import application
 from controlplane.gateway.anthropic_request import parse_messages
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from controlplane.gateway.responses_request import parse_responses
 from controlplane.gateway.services import create_api_key
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParser

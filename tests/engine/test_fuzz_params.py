@@ -16,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion, parse_json
+from controlplane.gateway.core.body import parse_json
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from workers.engine import LLM, RequestError, SamplingParams
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])

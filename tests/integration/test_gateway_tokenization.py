@@ -19,7 +19,8 @@ from django.conf import settings
 from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import tokenization
-from controlplane.gateway.openai_request import OpenAIError, parse_chat, parse_completion
+from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.openai_request import parse_chat, parse_completion
 from tests.engine.checkpoints import build_checkpoint
 from tests.support.stack import wait_for
 from workers.bench.processes import start_replica
