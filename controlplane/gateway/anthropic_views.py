@@ -11,49 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import uuid
 
-import redis
-from django.http import JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
+from django.http import JsonResponse
 
 from controlplane.gateway import generation, tokenization
 from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_count_tokens, parse_messages
 from controlplane.gateway.core.body import read_json
 from controlplane.gateway.core.errors import GatewayError
-from controlplane.gateway.openai_views import _deltas, _headers
+from controlplane.gateway.core.usage import TokenCounts, counts
+from controlplane.gateway.http import api_view, deltas, respond, sse
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall
 from workers.protocol.replica import DeltaEvent
 
-log = logging.getLogger(__name__)
-
-
-def error_response(exc: GatewayError) -> JsonResponse:
-    response = JsonResponse(error_body(exc), status=exc.status)
-    for name, value in exc.headers.items():
-        response[name] = value
-    return response
-
-
-def anthropic_view(view):
-    """POST only, and every refusal in Anthropic's error shape."""
-
-    async def handler(request, *args, **kwargs):
-        if request.method != "POST":
-            return error_response(GatewayError(405, f"Use POST on {request.path}."))
-        try:
-            return await view(request, *args, **kwargs)
-        except GatewayError as exc:
-            return error_response(exc)
-        except redis.RedisError as exc:
-            log.exception("Redis failed under %s", request.path)
-            return error_response(generation.broker_unavailable(exc))
-
-    handler.__name__ = view.__name__
-    handler.__doc__ = view.__doc__
-    return csrf_exempt(handler)
+VIEW = api_view(("POST",), render=error_body)  # every refusal in Anthropic's error shape
 
 
 async def _caller(request) -> generation.Caller:
@@ -83,12 +55,10 @@ def stop_reason(event: DeltaEvent, tool_use: bool) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def usage(event: DeltaEvent | None, prompt_tokens: int = 0) -> dict:
+def usage(n: TokenCounts) -> dict:
     """input_tokens counts what was not read from the cache, as Anthropic's does."""
-    u = (event.usage if event is not None else None) or {}
-    prompt, cached = u.get("prompt_tokens", prompt_tokens), u.get("cached_tokens", 0)
-    return {"input_tokens": prompt - cached, "output_tokens": u.get("completion_tokens", 0),
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}  # fmt: skip
+    return {"input_tokens": n.prompt - n.cached, "output_tokens": n.completion, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": n.cached}  # fmt: skip
 
 
 class MessageBuilder:
@@ -114,10 +84,10 @@ class MessageBuilder:
         content = [self._block(item) for item in self.items.items] if last is not None else []
         tool_use = any(b["type"] == "tool_use" for b in content)
         reason, sequence = stop_reason(last, tool_use) if last is not None else (None, None)
-        prompt = len(self.parsed.req.prompt_token_ids or [])
+        used = counts([last]) if last is not None else TokenCounts(len(self.parsed.req.prompt_token_ids or []), 0)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.parsed.model,
                 "content": content, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": usage(last, prompt)}  # fmt: skip
+                "usage": usage(used)}  # fmt: skip
 
     def start(self) -> list[tuple[str, dict]]:
         return [("message_start", {"type": "message_start", "message": self.message(None)}), ("ping", {"type": "ping"})]
@@ -154,46 +124,30 @@ class MessageBuilder:
         return out
 
 
-def sse_event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-@anthropic_view
+@VIEW
 async def messages(request):
     caller = await _caller(request)  # 401 before looking at the body
     parsed = parse_messages(read_json(request))
     gen = await generation.start(parsed.req, caller, request.headers)
     builder = MessageBuilder(parsed)
     if parsed.stream:
-        response = StreamingHttpResponse(_stream(builder, gen), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-    else:
-        deltas = await _deltas(gen)
-        for delta in deltas:
-            builder.items.feed(delta)
-        response = JsonResponse(builder.message(deltas[-1]))
-    for name, value in _headers(gen).items():
-        response[name] = value
-    return response
+        return respond(gen, None, _events(builder, gen), lambda exc: sse(error_body(exc), "error"))
+    events = await deltas(gen)
+    for delta in events:
+        builder.items.feed(delta)
+    return respond(gen, builder.message(events[-1]))
 
 
-async def _stream(builder: MessageBuilder, gen: generation.Generation):
-    """Anthropic's event stream; a request that fails mid-stream ends with an `error` event.
-    The request is closed (aborted if still running) either way."""
-    try:
-        for name, data in builder.start():
-            yield sse_event(name, data)
-        try:
-            async for delta in gen.events():
-                for name, data in builder.feed(delta):
-                    yield sse_event(name, data)
-        except GatewayError as exc:
-            yield sse_event("error", error_body(exc))
-    finally:
-        await gen.close()
+async def _events(builder: MessageBuilder, gen: generation.Generation):
+    """Anthropic's event stream (a failure mid-stream ends it with an `error` event)."""
+    for name, data in builder.start():
+        yield sse(data, name)
+    async for delta in gen.events():
+        for name, data in builder.feed(delta):
+            yield sse(data, name)
 
 
-@anthropic_view
+@VIEW
 async def count_tokens(request):
     """The prompt's tokens, as the deployment's replicas would run it (the chat template with its
     tools): `{"input_tokens": n}`. Nothing is generated, so no rate limit applies."""
@@ -203,5 +157,5 @@ async def count_tokens(request):
     ids = await asyncio.to_thread(tokenization.prompt_ids, deployment, parsed.req)
     if ids is None:  # a hub model, or a directory this web process does not see
         raise GatewayError(501, f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
-                          "tokenizer (the replicas tokenise its requests).")  # fmt: skip
+                           "tokenizer (the replicas tokenise its requests).")  # fmt: skip
     return JsonResponse({"input_tokens": len(ids)})

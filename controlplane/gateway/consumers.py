@@ -95,7 +95,7 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
             req = parse_chat(body)
             if req.params.n > 1:  # one answer per socket request: its events carry no choice index
                 raise GatewayError(400, "'n' > 1 is not built yet on the console websocket; use /v1/chat/completions.",
-                                  "n", "unsupported")  # fmt: skip
+                                   "n", "unsupported")  # fmt: skip
             session = session_key(content.get("session"), "session")  # as prompt_cache_key
             gen = await generation.start(req, self.caller, session=session)
             await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,

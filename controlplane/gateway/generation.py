@@ -239,7 +239,7 @@ class Generation:
 
 def broker_unavailable(exc: Exception | str) -> GatewayError:
     return GatewayError(503, f"The request broker is unavailable ({exc}); retry shortly.",
-                       code="broker_unavailable", headers={"Retry-After": "2"})  # fmt: skip
+                        code="broker_unavailable", headers={"Retry-After": "2"})  # fmt: skip
 
 
 async def _place(
@@ -300,7 +300,7 @@ async def _place(
             continue
         return route, None, first
     raise GatewayError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
-                      headers={"Retry-After": "2"})  # fmt: skip
+                       headers={"Retry-After": "2"})  # fmt: skip
 
 
 class PoisonRequest(GatewayError):
@@ -334,7 +334,7 @@ def _no_ready_replica(exc: router.NoReadyReplica) -> GatewayError:
             code="deployment_failed",
         )
     return GatewayError(503, f"Deployment '{slug}' has no ready replica right now; try again shortly.",
-                       code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
+                        code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
 
 
 def session_of(deployment: Deployment, req: GenerationRequest, headers: Mapping[str, str] | None,

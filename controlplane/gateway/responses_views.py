@@ -15,15 +15,16 @@ import uuid
 from collections.abc import Callable
 
 from asgiref.sync import sync_to_async
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
 from controlplane.gateway import generation
 from controlplane.gateway.core.body import read_json
 from controlplane.gateway.core.errors import GatewayError, bad
 from controlplane.gateway.core.naming import naming
 from controlplane.gateway.core.request import GenerationRequest
+from controlplane.gateway.core.usage import counts
+from controlplane.gateway.http import api_view, bearer_caller, deltas, prefill_note, respond, sse
 from controlplane.gateway.models import StoredResponse
-from controlplane.gateway.openai_views import _caller, _deltas, _headers, _prefill_note, openai_view
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
 from controlplane.gateway.responses_request import MAX_ID, NAMES, ResponsesRequest, parse_responses
 from workers.protocol.replica import DeltaEvent
@@ -145,13 +146,13 @@ def _text_part(text: str) -> dict:
 
 
 def usage(event: DeltaEvent) -> dict:
-    u = event.usage or {}
+    n = counts([event])
     return {
-        "input_tokens": u["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
-        "output_tokens": u["completion_tokens"],
+        "input_tokens": n.prompt,
+        "input_tokens_details": {"cached_tokens": n.cached},
+        "output_tokens": n.completion,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+        "total_tokens": n.prompt + n.completion,
     }
 
 
@@ -190,58 +191,50 @@ def _delete(row: StoredResponse) -> None:
 
 
 # -- views -----------------------------------------------------------------------------------------
-def sse_event(event: dict) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-
-
-@openai_view(("POST",))
+@api_view(("POST",))
 async def create_response(request):
-    caller = await _caller(request)  # 401 before looking at the body
+    caller = await bearer_caller(request)  # 401 before looking at the body
     parsed = parse_responses(read_json(request))
     history = await _history(parsed.previous_response_id, caller) if parsed.previous_response_id else []
     with naming(NAMES):  # admission's errors too name this API's parameters
         req = parsed.generation_request(history)
         gen = await generation.start(req, caller, request.headers)
-    builder = ResponseBuilder(parsed, req, gen.created, history, note=lambda body: _prefill_note(gen, body))
+    builder = ResponseBuilder(parsed, req, gen.created, history, note=lambda body: prefill_note(gen, body))
     if parsed.stream:
-        response = StreamingHttpResponse(_stream(builder, gen), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-    else:
-        builder.start()
-        for delta in await _deltas(gen):
-            builder.feed(delta)
-        body = builder.response()
-        if parsed.store:
-            await _store(builder, caller, body)
-        response = JsonResponse(body)
-    for name, value in _headers(gen).items():
-        response[name] = value
-    return response
+        return respond(gen, None, _events(builder, gen), lambda exc: _event(_failed(builder, exc)))
+    builder.start()
+    for delta in await deltas(gen):
+        builder.feed(delta)
+    body = builder.response()
+    if parsed.store:
+        await _store(builder, caller, body)
+    return respond(gen, body)
 
 
-async def _stream(builder: ResponseBuilder, gen: generation.Generation):
-    """The Responses stream events. A request that fails mid-stream ends with `response.failed`
-    carrying the error; the request is closed (aborted if still running) either way."""
-    try:
-        for event in builder.start():
-            yield sse_event(event)
-        try:
-            async for delta in gen.events():
-                events = builder.feed(delta)
-                if delta.final and builder.parsed.store:  # stored before the client hears it is done
-                    await _store(builder, gen.caller, events[-1]["response"])
-                for event in events:
-                    yield sse_event(event)
-        except GatewayError as exc:
-            error = {"code": exc.code or exc.type, "message": exc.message}
-            yield sse_event(builder.event("response.failed", response=builder.response("failed", error)))
-    finally:
-        await gen.close()
+def _event(event: dict) -> bytes:
+    return sse(event, event["type"])
 
 
-@openai_view(("GET", "DELETE"))
+async def _events(builder: ResponseBuilder, gen: generation.Generation):
+    """The Responses stream events (a failure mid-stream ends it with `response.failed`)."""
+    for event in builder.start():
+        yield _event(event)
+    async for delta in gen.events():
+        events = builder.feed(delta)
+        if delta.final and builder.parsed.store:  # stored before the client hears it is done
+            await _store(builder, gen.caller, events[-1]["response"])
+        for event in events:
+            yield _event(event)
+
+
+def _failed(builder: ResponseBuilder, exc: GatewayError) -> dict:
+    error = {"code": exc.code or exc.type, "message": exc.message}
+    return builder.event("response.failed", response=builder.response("failed", error))
+
+
+@api_view(("GET", "DELETE"))
 async def response_detail(request, rid: str):
-    caller = await _caller(request)
+    caller = await bearer_caller(request)
     if request.GET:
         name = next(iter(request.GET))
         raise bad(f"'{name}' is not supported on this endpoint.", name, "unsupported")

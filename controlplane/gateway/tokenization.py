@@ -125,7 +125,7 @@ async def tokenize(deployment: Deployment, req: GenerationRequest) -> None:
         # The engine's check_prompt; max_tokens past the room left is cut short there, not refused.
         param = _param(req, "prompt")
         raise GatewayError(400, f"This model's maximum context length is {limit} tokens; your {bare(param)} resulted "
-                          f"in {len(ids)} tokens, which leaves none to generate.", param,
+                           f"in {len(ids)} tokens, which leaves none to generate.", param,
                           "context_length_exceeded")  # fmt: skip
     req.prompt_token_ids = ids
 

@@ -23,8 +23,8 @@ from controlplane.gateway import generation, tokenization
 from controlplane.gateway.core import checks
 from controlplane.gateway.core.body import read_json
 from controlplane.gateway.core.errors import GatewayError, bad
+from controlplane.gateway.http import api_view, bearer_caller
 from controlplane.gateway.openai_request import parse_chat
-from controlplane.gateway.openai_views import _caller, openai_view
 from workers.protocol.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _text(deployment: Deployment) -> tokenization.ModelText:
     text = tokenization.model_text(deployment.model)
     if text is None:  # a hub model, or a directory this web process does not see
         raise GatewayError(501, f"The model '{deployment.slug}' cannot be tokenised here: the gateway cannot read "
-                          "its tokenizer (the replicas tokenise its requests).", "model")  # fmt: skip
+                           "its tokenizer (the replicas tokenise its requests).", "model")  # fmt: skip
     return text
 
 
@@ -136,17 +136,17 @@ def detokenize_text(deployment: Deployment, tokens: list[int]) -> str:
     return tok.decode(tokens, skip_special_tokens=False)
 
 
-@openai_view(("POST",))
+@api_view(("POST",))
 async def tokenize(request):
-    caller = await _caller(request)  # 401 before looking at the body
+    caller = await bearer_caller(request)  # 401 before looking at the body
     req = parse_tokenize(read_json(request))
     deployment = await generation.resolve_deployment(req.model, caller)
     return JsonResponse(await asyncio.to_thread(tokenize_ids, deployment, req))
 
 
-@openai_view(("POST",))
+@api_view(("POST",))
 async def detokenize(request):
-    caller = await _caller(request)
+    caller = await bearer_caller(request)
     model, tokens = parse_detokenize(read_json(request))
     deployment = await generation.resolve_deployment(model, caller)
     return JsonResponse({"prompt": await asyncio.to_thread(detokenize_text, deployment, tokens)})
