@@ -16,20 +16,19 @@ import torch
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError, describe
-from workers.engine.loader import eos_token_ids, load_model, weights_identity
-from workers.engine.memory import rank_memory
-from workers.engine.model_runner import ModelRunner, num_kv_blocks
+from workers.engine.executor import DeviceExecutor, make_executor
+from workers.engine.loader import eos_token_ids, weights_identity
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
 from workers.engine.parallel.config import ParallelConfig
-from workers.engine.parallel_sampling import fork
+from workers.engine.parallel_sampling import check_n, due_forks, fork, request_finished
 from workers.engine.sampler import Sampler
-from workers.engine.sampling_params import GRAMMAR_PARAMS, SamplingParams
+from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
-from workers.engine.spec import DraftBackoff, SpecStats, SpeculativeConfig, make_drafter
-from workers.engine.structured import Grammars, GrammarState, tokenizer_info
-from workers.engine.tiered_cache import KVTierConfig, TieredCache
+from workers.engine.spec import SpeculativeConfig, make_speculator
+from workers.engine.structured import Grammars, grammar_state, tokenizer_info
+from workers.engine.tiered_cache import KVTierConfig, NoTiers, TieredCache
 from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
 
@@ -57,6 +56,8 @@ class LLMEngine:
             raise RequestError("device 'cuda' requested but no CUDA device is available; use device='cpu'")
         self.speculative = SpeculativeConfig.from_dict(config.speculative_config)  # refused before loading
         tier_config = KVTierConfig.from_dict(config.kv_tiers)
+        if tier_config is not None and not config.enable_prefix_caching:
+            raise RequestError("kv_tiers need prefix caching: they extend the prefix cache")
         progress("reading config", 0.05)
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -67,38 +68,25 @@ class LLMEngine:
             timeout_s=config.parallel_timeout_s, threads_per_rank=config.parallel_threads_per_rank,
         )  # fmt: skip
         self.parallel.validate(self.model_config, config)
-        self.group = self.tiers = None
-        if self.parallel.world_size > 1:  # the ranks load their shards; rank 0 is this process
-            from workers.engine.parallel.launch import ParallelGroup
-
-            aux_layers, draft_embedding = (), False
-            if self.speculative and self.speculative.method == "eagle3":  # checked here, before any rank starts
-                from workers.engine.spec.eagle3 import head_aux_layers, head_has_embedding
-
-                aux_layers = head_aux_layers(self.speculative.model, config.model, self.model_config.num_layers)
-                draft_embedding = not head_has_embedding(self.speculative.model)
-            self.group = ParallelGroup(
-                config, self.model_config, self.parallel, self.dtype, aux_layers, draft_embedding
-            )
-            self.model = self.group.state.model
-        else:
-            self.model = load_model(config.model, self.model_config, self.device, self.dtype)
+        self.tiers: TieredCache | NoTiers = NoTiers()
+        # One device, or a tensor/pipeline-parallel group whose rank 0 is this process (executor.py).
+        self.executor = make_executor(
+            config, self.model_config, self.parallel, self.device, self.dtype, self.speculative
+        )
         try:
             self._finish_init(config, tier_config, progress)
         except BaseException:
             self.close()  # no rank outlives an engine that failed to start
             raise
 
-    def _finish_init(self, config: EngineConfig, tier_config, progress) -> None:
-        """Everything after the weights: the KV cache, the scheduler, the drafter."""
+    def _finish_init(self, config: EngineConfig, tier_config: KVTierConfig | None, progress) -> None:
+        """Everything after the weights: the KV cache's limits, the tiers, the scheduler, the
+        grammars, the speculator."""
         self.eos_token_ids = eos_token_ids(config.model, self.model_config)
         if not self.eos_token_ids and self.tokenizer and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         progress("allocating KV cache", 0.85)
-        if self.group is not None:
-            blocks = self.group.num_blocks
-        else:
-            blocks = num_kv_blocks(config, self.model_config, self.device, self.dtype)
+        blocks = self.executor.num_blocks
         self.max_model_len = served_context(self.model_config.max_context, config.max_model_len)
         if blocks * config.block_size < self.max_model_len:
             # Serve what fits rather than admit a request that could never complete.
@@ -111,17 +99,11 @@ class LLMEngine:
         if self.max_model_len < 2:
             raise RequestError("the KV cache budget is too small to hold a single request; raise it")
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        if self.group is not None:
-            self.runner = self.group  # runs each step on every rank (parallel/launch.py)
-        else:
-            self.runner = ModelRunner(self.model, self.model_config, config, self.device, self.dtype, blocks)
-        if tier_config is not None and config.enable_prefix_caching:
+        if tier_config is not None:
             progress("connecting KV tiers", 0.87)
             layout = {**self.kv_layout(), "model": weights_identity(config.model)}
-            self.tiers = TieredCache(tier_config, self.runner.kv_cache, layout, config.block_size)
+            self.tiers = TieredCache(tier_config, self.executor.kv_cache, layout, config.block_size)
             self.block_manager.on_evict = self.tiers.on_evict
-        elif tier_config is not None:
-            raise RequestError("kv_tiers need prefix caching: they extend the prefix cache")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.tiers)
         self.sampler = Sampler(config.seed)
         # Structured output: grammars compiled for this vocabulary (needs the tokenizer).
@@ -131,22 +113,35 @@ class LLMEngine:
             else None
         )
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.drafter = None
-        if self.speculative:
-            progress("loading the draft", 0.9)
-            self.drafter = make_drafter(
-                self.speculative, self.model, read_config(config.model), self.device, self.dtype
-            )
-        self.spec = SpecStats(self.speculative.num_speculative_tokens) if self.speculative else None
-        self.backoff = DraftBackoff(self.speculative.draft_backoff) if self.speculative else None
-        # The drafter reads the target's hidden states (EAGLE-3): each step's rows are handed to it.
-        self.feeds_drafter = self.drafter is not None and self.drafter.aux_layer_ids is not None
+        progress("loading the draft", 0.9)
+        self.speculator = make_speculator(
+            self.speculative, self.model, read_config(config.model), self.device, self.dtype
+        )
         self.requests: dict[str, Sequence] = {}
         # Finished sequences whose blocks are kept for export (prefill role), by request id.
         self.held: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
         self.num_request_errors = 0  # requests ended by a failure while stepping them (_fail)
         progress("loaded", 1.0)
+
+    # What tests, benches and the replica read by their old names.
+    @property
+    def runner(self):
+        """The executor (it runs each step; tests and benches wrap its `execute`)."""
+        return self.executor
+
+    @property
+    def model(self):
+        return self.executor.model
+
+    @property
+    def group(self):
+        """The parallel group, or None on one device."""
+        return None if isinstance(self.executor, DeviceExecutor) else self.executor
+
+    @property
+    def drafter(self):
+        return self.speculator.drafter
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(
@@ -169,14 +164,11 @@ class LLMEngine:
         reported. They count as output (max_tokens, penalties, the seed's positions, usage), and
         their text is rebuilt exactly as that engine had it, so the text it held back (a possible
         start of a stop string) comes next and a stop string spanning the seam is still found."""
-        if sampling_params.n > 1 and (hold_blocks or output_token_ids):
-            what = "a prefill handed to another replica" if hold_blocks else "resuming a request"
-            raise RequestError(f"n > 1 is not built yet for {what}", "n")
+        check_n(sampling_params, hold_blocks, output_token_ids)
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
         seq.session_turn = session_turn
-        if output_token_ids:
-            self.output.replay(seq, emitted_text_len)
+        self.output.replay(seq, emitted_text_len)  # a resumed request's text so far (none: nothing)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -205,8 +197,7 @@ class LLMEngine:
         self.check_prompt([*prompt_token_ids, *output_token_ids])
         self.check_params(sampling_params)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
-        if sampling_params.grammar is not None:
-            seq.grammar = self._grammar_state(sampling_params.grammar, output_token_ids)
+        seq.grammar = grammar_state(self.grammars, sampling_params.grammar, output_token_ids)
         self.output.attach(seq)
         return seq
 
@@ -220,20 +211,7 @@ class LLMEngine:
     def check_grammar(self, params: SamplingParams) -> None:
         """Compile the request's grammar now (it is cached for when the request is added), so a
         replica that hands the prompt to a prefill replica refuses a bad one first."""
-        if params.grammar is not None:
-            self._grammar_state(params.grammar, ())
-
-    def _grammar_state(self, spec: dict, output_token_ids) -> GrammarState:
-        """A new sequence's grammar state (compiled once per spec), advanced by the output a
-        resumed request already has."""
-        param = GRAMMAR_PARAMS[spec["type"]]
-        if self.grammars is None:
-            raise RequestError("structured output needs the model's tokenizer (tokenizer.json)", param)
-        state = self.grammars.state(spec)
-        for token in output_token_ids:
-            if not state.accept(token):
-                raise RequestError("the output to resume does not match its grammar", param)
-        return state
+        grammar_state(self.grammars, params.grammar)
 
     # -- disaggregated prefill/decode -----------------------------------------------------------
     def reserve_blocks(self, num_tokens: int) -> list[int] | None:
@@ -274,16 +252,13 @@ class LLMEngine:
         seq.num_cached_tokens = num_cached_tokens
         self.requests[request_id] = seq
         self.scheduler.add_running(seq)
-        if sampling_params.n > 1:  # the prompt was computed once, over there: the other samples fork here
-            self._fork(seq)
-        self.num_generated_tokens += 1
+        self._fork_due([seq])  # n > 1: the prompt was computed once, over there; the other samples fork here
         return self._process(seq, [first_token], [first_logprobs or {first_token: 0.0}])
 
     def kv_layout(self) -> dict:
         """What a peer must match to exchange KV blocks with this engine. A parallel group's is
         rank 0's; each rank's own comes with the group's transfer endpoint (kvtransfer/ranks.py)."""
-        runner = self.group.runner if self.group is not None else self.runner
-        return {**runner.kv_description(), **self.parallel.rank_fields(0)}
+        return {**self.executor.kv_description(), **self.parallel.rank_fields(0)}
 
     def abort_request(self, request_id: str) -> bool:
         self.release_held(request_id)
@@ -296,8 +271,7 @@ class LLMEngine:
             sample.hold_blocks = False
             sample.finish_reason = "abort"
             self.scheduler.finish(sample)
-            if self.drafter is not None:
-                self.drafter.release(sample)
+            self.speculator.release(sample)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -312,54 +286,35 @@ class LLMEngine:
         the batch goes on. A failure of the batched forward pass is not one request's: it
         propagates, and the replica process restarts."""
         failed: list[RequestDelta] = []
-        drafts = self._propose(failed) if self._speculating() else {}
+        running = self.scheduler.running
+        drafts = self.speculator.propose(
+            running, self.max_model_len, lambda seq, exc: failed.extend(self._fail(seq, exc))
+        )
         batch = self.scheduler.schedule(drafts)
         if batch.is_empty:
-            if self.tiers is not None:  # only loads from a tier are pending: wait for one
-                self.tiers.wait(timeout=0.05)
+            self.tiers.wait(timeout=0.05)  # only loads from a KV tier are pending: wait for one
             return failed
-        starts = [item.seq.num_computed_tokens for item in batch.all] if self.feeds_drafter else None
-        verify_started = time.perf_counter()
-        # A parallel group brings the head's states to rank 0 only for a step it may feed them from.
-        logits, sampling = self.runner.execute(batch, keep_aux=self.feeds_drafter and self._speculating())
+        starts = [item.seq.num_computed_tokens for item in batch.all]
+        started = time.perf_counter()
+        logits, sampling = self.executor.execute(batch, keep_aux=self.speculator.keeps_states(len(running)))
         for item in batch.all:
             if not item.draft_token_ids:  # a verifying sequence's K/V is final once verified
                 self.block_manager.mark_computed(item.seq, item.num_tokens)
-        for item in sampling:
-            seq = item.seq
-            if seq.params.n > len(seq.group) and seq.num_output_tokens == 0:
-                try:
-                    self._fork(seq)
-                except Exception as exc:
-                    failed += self._fail(seq, exc)
-        verifying = any(item.draft_token_ids for item in sampling)
-        outcomes = self._sample(logits, sampling)
+        failed += self._fork_due(item.seq for item in sampling)
         deltas = []
-        for item, outcome in zip(sampling, outcomes, strict=True):
+        for item, outcome in zip(sampling, self._sample(logits, sampling), strict=True):
             seq = item.seq
             if seq.is_finished:  # failed with another sample of its request this step
                 continue
-            if isinstance(outcome, Exception):
-                failed += self._fail(seq, outcome)
-                continue
-            tokens, logprobs = outcome
-            if item.draft_token_ids:
-                self.spec.record(len(item.draft_token_ids), len(tokens) - 1)
-                self.backoff.record(seq, len(tokens) - 1)
             try:
-                delta = self._process(seq, tokens, logprobs, verified=bool(item.draft_token_ids))
+                if isinstance(outcome, Exception):
+                    raise outcome
+                tokens, logprobs = outcome
+                self.speculator.record(seq, len(item.draft_token_ids), len(tokens) - 1)
+                deltas.append(self._process(seq, tokens, logprobs, verified=bool(item.draft_token_ids)))
             except Exception as exc:
                 failed += self._fail(seq, exc)
-                continue
-            self.num_generated_tokens += len(delta.new_token_ids)
-            deltas.append(delta)
-        if verifying:
-            self.spec.num_verify_steps += 1
-            self.spec.verify_seconds += time.perf_counter() - verify_started
-        # Feed a hidden-state drafter when the next step will draft (the batch as it stands now:
-        # a large batch's prefill is not fed, since it would not draft).
-        if self.feeds_drafter and self._speculating() and self.runner.aux_hidden_states is not None:
-            self._observe(batch, starts)
+        self.speculator.observe(batch, starts, self.executor.aux_hidden_states, started, len(running))
         return deltas + failed
 
     def _fail(self, seq: Sequence, exc: Exception) -> list[RequestDelta]:
@@ -375,8 +330,7 @@ class LLMEngine:
                 continue
             sample.finish_reason, sample.hold_blocks = "error", False
             self.scheduler.finish(sample)
-            if self.drafter is not None:
-                self.drafter.release(sample)
+            self.speculator.release(sample)
             deltas.append(
                 RequestDelta(
                     request_id=sample.request_id,
@@ -395,77 +349,30 @@ class LLMEngine:
         self.requests.pop(seq.request_id, None)
         return deltas
 
-    def _fork(self, seq: Sequence) -> None:
-        """Samples 1..n-1 of `seq`, whose prompt is now computed (parallel_sampling.py)."""
-        children = fork(seq, self.block_manager)
-        for child in children:
-            if child.params.grammar is not None:
-                child.grammar = self._grammar_state(child.params.grammar, ())
-            self.output.attach(child)
-        self.scheduler.add_forked(children)
-
-    def _speculating(self) -> bool:
-        """Whether this step drafts: speculation is on and the batch small enough to pay."""
-        return self.drafter is not None and len(self.scheduler.running) <= self.speculative.disable_by_batch_size
-
-    def _observe(self, batch, starts: list[int]) -> None:
-        """Hand a hidden-state drafter each sequence's aux rows for the positions whose K/V the
-        step kept (all of a prefill chunk or decode; a verify's last token and accepted drafts)."""
-        started = time.perf_counter()
-        aux = self.runner.aux_hidden_states
-        entries, row = [], 0
-        for item, start in zip(batch.all, starts, strict=True):
-            seq = item.seq
-            if seq.is_finished:
-                self.drafter.release(seq)
-            else:
-                entries.append((seq, start, aux[row : row + seq.num_computed_tokens - start]))
-            row += item.num_tokens
-        self.drafter.observe(entries)
-        self.spec.draft_seconds += time.perf_counter() - started
-
-    def _propose(self, failed: list[RequestDelta]) -> dict[Sequence, list[int]]:
-        """Drafts for this step's decoding sequences. A sequence never gets more guesses than
-        could be emitted: the step emits up to one more token than it accepts, within
-        max_tokens and the context; a constrained one's draft is cut where its grammar refuses
-        a token or ends (so verification only meets states the grammar can reach). A request
-        whose grammar fails here is ended (appended to `failed`)."""
-        started = time.perf_counter()
-        seqs, limits = [], []
-        for seq in self.scheduler.running:
-            if seq.num_computed_tokens != seq.num_tokens - 1:  # still prefilling
-                continue
-            if not self.backoff.allows(seq):  # its recent drafts were all rejected (spec/backoff.py)
-                continue
-            room = min(self.speculative.num_speculative_tokens, self.max_model_len - seq.num_tokens - 1)
-            if seq.params.max_tokens is not None:
-                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-            if room > 0:
-                seqs.append(seq)
-                limits.append(room)
-        if not seqs:
-            return {}
-        proposals = self.drafter.propose(seqs, limits)
-        drafts = {}
-        for seq, draft, n in zip(seqs, proposals, limits, strict=True):
-            draft = draft[:n]
-            if draft and seq.grammar is not None:
-                try:
-                    draft = seq.grammar.valid_prefix(draft)
-                except Exception as exc:
-                    failed += self._fail(seq, exc)
-                    continue
-            if draft:
-                drafts[seq] = draft
-        self.spec.draft_seconds += time.perf_counter() - started
-        return drafts
+    def _fork_due(self, seqs) -> list[RequestDelta]:
+        """Fork samples 1..n-1 of each of `seqs` whose time has come (parallel_sampling.py: its
+        prompt is computed); returns the deltas of requests that failed doing so."""
+        failed = []
+        for parent in due_forks(seqs):
+            try:
+                children = fork(parent, self.block_manager)
+                for child in children:
+                    child.grammar = grammar_state(self.grammars, child.params.grammar)
+                    self.output.attach(child)
+                self.scheduler.add_forked(children)
+            except Exception as exc:
+                failed += self._fail(parent, exc)
+        return failed
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[tuple[list[int], list] | Exception]:
-        """Each sampling sequence's (tokens, logprobs): sampled, or verified when it drafts. If
-        the batch raises, its sequences are sampled one at a time, and the exception of the one
-        at fault is its outcome (the others' are as in the batch: sampling is per row)."""
+        """Each sampling sequence's (tokens, logprobs): sampled, or verified when it drafts
+        (Sampler.sample_or_verify). If the batch raises, its sequences are sampled one at a time,
+        and the exception of the one at fault is its outcome (the others' are as in the batch:
+        sampling is per row)."""
         try:
-            return self._sample_batch(logits, sampling)
+            return self.sampler.sample_or_verify(
+                logits, [i.seq for i in sampling], [i.draft_token_ids for i in sampling]
+            )
         except Exception as exc:
             if len(sampling) == 1:
                 return [exc]
@@ -475,37 +382,11 @@ class LLMEngine:
         for item in sampling:
             n = 1 + len(item.draft_token_ids)
             try:
-                outcomes += self._sample_batch(logits[row : row + n], [item])
+                outcomes += self.sampler.sample_or_verify(logits[row : row + n], [item.seq], [item.draft_token_ids])
             except Exception as exc:
                 outcomes.append(exc)
             row += n
         return outcomes
-
-    def _sample_batch(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> list[tuple[list[int], list]]:
-        """`_sample` for a batch that does not fail: a sequence that drafts has 1 + len(draft)
-        rows, verified by `Sampler.verify`; the others' (one each) go to the sampler as usual."""
-        if not any(item.draft_token_ids for item in sampling):
-            result = self.sampler(logits, [item.seq for item in sampling])
-            return [([t], [lp]) for t, lp in zip(result.token_ids, result.logprobs, strict=True)]
-        plain_rows, verify_rows = [], []
-        row = 0
-        for item in sampling:
-            n = 1 + len(item.draft_token_ids)
-            (verify_rows if item.draft_token_ids else plain_rows).extend(range(row, row + n))
-            row += n
-        plain = [item for item in sampling if not item.draft_token_ids]
-        verifying = [item for item in sampling if item.draft_token_ids]
-        results = {}
-        if plain:
-            result = self.sampler(logits[plain_rows], [item.seq for item in plain])
-            for item, token, lp in zip(plain, result.token_ids, result.logprobs, strict=True):
-                results[id(item)] = ([token], [lp])
-        verified = self.sampler.verify(
-            logits[verify_rows], [item.seq for item in verifying], [item.draft_token_ids for item in verifying]
-        )
-        for item, result in zip(verifying, verified, strict=True):
-            results[id(item)] = (result.token_ids, result.logprobs)
-        return [results[id(item)] for item in sampling]
 
     def _process(self, seq: Sequence, token_ids: list[int], logprobs: list, verified: bool = False) -> RequestDelta:
         """Hand `seq` its new tokens (OutputProcessor) and retire it if they finished it.
@@ -515,16 +396,15 @@ class LLMEngine:
         blocks are hashed); the K/V of the rejected drafts (and of accepted ones dropped after a
         stop) is rolled back, its blocks released (BlockManager.trim)."""
         delta = self.output.process(seq, token_ids, logprobs)
+        self.num_generated_tokens += len(delta.new_token_ids)
         if verified:
             self.block_manager.mark_computed(seq, len(delta.new_token_ids))
             self.block_manager.trim(seq)
         if delta.finished:
-            if self.drafter is not None:
-                self.drafter.release(seq)
-            if self.tiers is not None:
-                self.tiers.on_finish(seq)
+            self.speculator.release(seq)
+            self.tiers.on_finish(seq)
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
-            if all(sample.is_finished for sample in seq.group) and len(seq.group) == seq.group[0].params.n:
+            if request_finished(seq):
                 self.requests.pop(seq.request_id, None)
             if seq.hold_blocks:
                 self.held[seq.request_id] = seq
@@ -556,28 +436,23 @@ class LLMEngine:
 
     def tier_stats(self) -> dict | None:
         """The KV tiers' counters (tiered_cache.py), or None when there are none."""
-        return self.tiers.stats() if self.tiers is not None else None
+        return self.tiers.stats()
 
     def close(self) -> None:
         """Let go of what outlives a step: the KV tiers' threads and store connection."""
-        if self.tiers is not None:
-            self.tiers.close()
-        if self.group is not None:
-            self.group.close()
+        self.tiers.close()
+        self.executor.close()
 
     def check_health(self) -> None:
         """Raise ParallelError if a rank of this engine's group has died (a no-op on one
         device): the replica calls it while idle too, so a dead rank restarts the group at once."""
-        if self.group is not None:
-            self.group.check()
+        self.executor.check()
 
     def rank_memory(self) -> list[dict]:
         """Per rank: bytes of weights, KV cache and the rest ({"rank", "weights", "kv_cache",
         "other"}); one entry for a single-device engine."""
-        if self.group is not None:
-            return self.group.memory()
-        return [rank_memory(0, self.model, self.runner.kv_cache, self.device)]
+        return self.executor.memory()
 
     def spec_stats(self) -> dict | None:
         """Speculation's counters since start (spec/stats.py), or None when it is off."""
-        return self.spec.as_dict() if self.spec is not None else None
+        return self.speculator.as_dict()

@@ -16,9 +16,30 @@ sample and the samples differ. Without one, they draw from the engine's generato
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.errors import RequestError
 from workers.engine.sequence import Sequence
+
+
+def check_n(params, hold_blocks: bool, output_token_ids) -> None:
+    """RequestError naming `n` where forking is not built: a prefill held for another replica
+    (it computes sample 0 only; the decode replica forks) and a resumed request."""
+    if params.n > 1 and (hold_blocks or output_token_ids):
+        what = "a prefill handed to another replica" if hold_blocks else "resuming a request"
+        raise RequestError(f"n > 1 is not built yet for {what}", "n")
+
+
+def due_forks(seqs: Iterable[Sequence]) -> list[Sequence]:
+    """The sequences among `seqs` whose other samples are to be forked now: sample 0 of a
+    request of n > 1, its prompt computed, no output yet."""
+    return [s for s in seqs if s.params.n > len(s.group) and s.num_output_tokens == 0]
+
+
+def request_finished(seq: Sequence) -> bool:
+    """Every sample of `seq`'s request has been made and has finished."""
+    return len(seq.group) == seq.group[0].params.n and all(sample.is_finished for sample in seq.group)
 
 
 def sample_params(params, index: int):

@@ -189,6 +189,31 @@ class Sampler:
             first += len(draft) + 1
         return results
 
+    def sample_or_verify(
+        self, logits: torch.Tensor, seqs, drafts: list[list[int]]
+    ) -> list[tuple[list[int], list[dict[int, float] | None]]]:
+        """One step's outcome per sequence, (tokens, logprobs): a sequence without a draft has
+        one row of `logits` and samples one token (`__call__`); one with a draft has 1 +
+        len(draft) rows and verifies it (`verify`). Rows are in sequence order."""
+        if not any(drafts):
+            result = self(logits, seqs)
+            return [([t], [lp]) for t, lp in zip(result.token_ids, result.logprobs, strict=True)]
+        plain_rows, verify_rows, row = [], [], 0
+        for draft in drafts:
+            (verify_rows if draft else plain_rows).extend(range(row, row + 1 + len(draft)))
+            row += 1 + len(draft)
+        plain = [i for i, draft in enumerate(drafts) if not draft]
+        verifying = [i for i, draft in enumerate(drafts) if draft]
+        outcomes: list = [None] * len(seqs)
+        if plain:
+            result = self(logits[plain_rows], [seqs[i] for i in plain])
+            for i, token, lp in zip(plain, result.token_ids, result.logprobs, strict=True):
+                outcomes[i] = ([token], [lp])
+        verified = self.verify(logits[verify_rows], [seqs[i] for i in verifying], [drafts[i] for i in verifying])
+        for i, result in zip(verifying, verified, strict=True):
+            outcomes[i] = (result.token_ids, result.logprobs)
+        return outcomes
+
     @staticmethod
     def _prepare(logits: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(penalised fp32 logits, raw logprobs or None when no row asks for them)."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.tiered_cache import NoTiers
 
 if TYPE_CHECKING:
     from workers.engine.tiered_cache import TieredCache
@@ -64,10 +65,10 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        tiers: TieredCache | None = None,
+        tiers: TieredCache | NoTiers | None = None,
     ):
         self.block_manager = block_manager
-        self.tiers = tiers
+        self.tiers = tiers if tiers is not None else NoTiers()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -90,8 +91,7 @@ class Scheduler:
         else:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
-            if self.tiers is not None:
-                self.tiers.admitted(seq)
+            self.tiers.admitted(seq)
         if free_blocks:
             self.block_manager.free(seq)
 
@@ -149,8 +149,6 @@ class Scheduler:
             if forked:
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 cached = seq.num_computed_tokens if bm.ensure_slots(seq, n) else None
-            elif self.tiers is None:
-                cached = bm.allocate(seq, budget)
             elif self.tiers.ready(seq, bm):
                 cached = bm.allocate(seq, budget, self.tiers.loaded_blocks(seq), self.tiers.write_block)
             else:
@@ -158,7 +156,7 @@ class Scheduler:
             if cached is None:
                 break
             self.waiting.remove(seq)
-            if self.tiers is not None and not forked:
+            if not forked:
                 self.tiers.admitted(seq)
             if seq.num_preemptions == 0 and not forked:  # its first admission (a resumed one may have output)
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)

@@ -195,6 +195,22 @@ def only_tokens(bitmask: torch.Tensor, row: int, token_ids) -> None:
     bitmask[row] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
 
 
+def grammar_state(grammars: Grammars | None, spec: dict | None, output_token_ids=()) -> GrammarState | None:
+    """A new sequence's grammar state (None without a grammar), compiled once per spec and
+    advanced by the output a resumed request already has. RequestError naming the parameter for
+    a grammar this engine cannot run (no tokenizer, does not compile, or the output does not match)."""
+    if spec is None:
+        return None
+    param = PARAMS[spec["type"]]
+    if grammars is None:
+        raise RequestError("structured output needs the model's tokenizer (tokenizer.json)", param)
+    state = grammars.state(spec)
+    for token in output_token_ids:
+        if not state.accept(token):
+            raise RequestError("the output to resume does not match its grammar", param)
+    return state
+
+
 def allocate_masks(rows: int, vocab_size: int) -> torch.Tensor:
     return xgr.allocate_token_bitmask(rows, vocab_size)
 

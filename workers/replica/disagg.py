@@ -272,6 +272,9 @@ class Disaggregation:
         if job is None:
             return False
         rid = delta.request_id
+        if delta.error is not None:  # the engine failed this request alone (LLMEngine._fail)
+            self._send(job.reply_stream, PrefillFailedMessage(rid, f"the prefill failed: {delta.error}"))
+            return True
         try:
             if time.time() >= job.deadline:
                 raise KVTransferError("the deadline passed before the transfer started")

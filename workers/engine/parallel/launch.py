@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workers.engine.config import MLA_ARCHITECTURES, EngineConfig, ModelConfig
+from workers.engine.config import EngineConfig, ModelConfig
 from workers.engine.memory import rank_memory
 from workers.engine.model_runner import kv_bytes_per_block, num_kv_blocks
 from workers.engine.parallel import group as pgroup
@@ -42,6 +42,7 @@ from workers.engine.parallel.deepseek import DeepseekStage
 from workers.engine.parallel.model import LlamaStage
 from workers.engine.parallel.runner import ParallelRunner
 from workers.kvtransfer import ranks as kv_ranks
+from workers.protocol.architectures import MLA_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 def _set_threads(parallel: ParallelConfig, device: torch.device) -> None:
     if device.type == "cpu":
         torch.set_num_threads(parallel.threads_per_rank or max(1, (os.cpu_count() or 1) // parallel.world_size))
+
+
+def stage_class(architecture: str):
+    """The sharded stage that builds a rank's share of `architecture`: MLA + MoE, or dense."""
+    return DeepseekStage if architecture in MLA_ARCHITECTURES else LlamaStage
 
 
 @dataclass
@@ -117,8 +123,7 @@ def build_rank(
     reached("joined")
     group = pgroup.join(parallel, rank, store, device)
     group.stage_bounds = parallel.stage_layers(cfg.num_layers)
-    stage = DeepseekStage if cfg.architecture in MLA_ARCHITECTURES else LlamaStage  # MLA + MoE, or dense
-    model = stage.load(engine.model, cfg, group, dtype)
+    model = stage_class(cfg.architecture).load(engine.model, cfg, group, dtype)
     if aux_layers:
         model.capture_aux_hidden_states(aux_layers)
     if draft_embedding:
@@ -262,6 +267,16 @@ class ParallelGroup:
     @property
     def runner(self) -> ParallelRunner:
         return self.state.runner
+
+    @property
+    def model(self):
+        """Rank 0's stage of the model (the executor interface: executor.py)."""
+        return self.state.model
+
+    def kv_description(self) -> dict:
+        """Rank 0's KV tensor as a peer must know it; each rank's own comes with the group's
+        transfer endpoint (kvtransfer/ranks.py)."""
+        return self.runner.kv_description()
 
     @property
     def aux_hidden_states(self):

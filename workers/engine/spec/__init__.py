@@ -2,8 +2,9 @@
 
 `config` (speculative_config), `drafter` (the interface), `ngram` (prompt lookup), `eagle3`
 (a draft head over the target's hidden states), `rejection` (lossless verification),
-`backoff` (sequences whose drafts keep failing pause), `stats` (counters). The engine wires them together
-(llm_engine.py); the scheduler and model runner carry the drafts through one forward pass.
+`backoff` (sequences whose drafts keep failing pause), `stats` (counters), `speculator` (all of
+it as the engine loop sees it, or nothing when speculation is off); the scheduler and model
+runner carry the drafts through one forward pass.
 """
 
 from workers.engine.errors import RequestError
@@ -11,6 +12,7 @@ from workers.engine.spec.backoff import DraftBackoff
 from workers.engine.spec.config import SpeculativeConfig
 from workers.engine.spec.drafter import Drafter
 from workers.engine.spec.ngram import NgramDrafter
+from workers.engine.spec.speculator import NoSpeculation, Speculator
 from workers.engine.spec.stats import SpecStats
 
 
@@ -34,4 +36,23 @@ def make_drafter(
     return Eagle3Drafter(head, config.num_speculative_tokens, layers)
 
 
-__all__ = ["DraftBackoff", "Drafter", "NgramDrafter", "SpecStats", "SpeculativeConfig", "make_drafter"]
+def make_speculator(
+    config: SpeculativeConfig | None, target=None, target_config: dict | None = None, device=None, dtype=None
+) -> Speculator | NoSpeculation:
+    """The engine loop's speculator: `config`'s drafter behind a Speculator, or NoSpeculation."""
+    if config is None:
+        return NoSpeculation()
+    return Speculator(config, make_drafter(config, target, target_config, device, dtype))
+
+
+__all__ = [
+    "DraftBackoff",
+    "Drafter",
+    "NgramDrafter",
+    "NoSpeculation",
+    "SpecStats",
+    "SpeculativeConfig",
+    "Speculator",
+    "make_drafter",
+    "make_speculator",
+]

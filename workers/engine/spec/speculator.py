@@ -1,0 +1,133 @@
+"""Speculation's part of the engine loop, behind one object: `Speculator` when it is on,
+`NoSpeculation` (does nothing) when it is off, so `LLMEngine.step()` has no speculation branches.
+
+Per step the engine asks it for drafts (`propose`: which sequences draft, how many guesses each
+may take, each constrained sequence's draft cut to what its grammar accepts), whether the model
+must keep the hidden states a head reads (`keeps_states`), and after sampling it reports each
+verified run (`record`: counters and the per-sequence backoff) and hands the step's states to a
+hidden-state drafter (`observe`). `release` forgets a finished sequence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from workers.engine.sequence import Sequence
+from workers.engine.spec.backoff import DraftBackoff
+from workers.engine.spec.config import SpeculativeConfig
+from workers.engine.spec.drafter import Drafter
+from workers.engine.spec.stats import SpecStats
+
+
+class NoSpeculation:
+    """Speculation off: no drafts, nothing to feed, nothing counted."""
+
+    drafter = None
+    stats = None
+    feeds_states = False
+
+    def propose(self, running, max_model_len: int, fail: Callable) -> dict[Sequence, list[int]]:
+        return {}
+
+    def keeps_states(self, num_running: int) -> bool:
+        return False
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def observe(self, batch, starts: list[int], aux, started: float, num_running: int) -> None:
+        pass
+
+    def release(self, seq: Sequence) -> None:
+        pass
+
+    def as_dict(self) -> dict | None:
+        return None
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, drafter: Drafter):
+        self.config = config
+        self.drafter = drafter
+        self.stats = SpecStats(config.num_speculative_tokens)
+        self.backoff = DraftBackoff(config.draft_backoff)
+        # EAGLE-3 drafts from the target's hidden states: each step's rows are handed to it.
+        self.feeds_states = drafter.aux_layer_ids is not None
+
+    def active(self, num_running: int) -> bool:
+        """Whether a step with this many running sequences drafts: small enough to pay."""
+        return num_running <= self.config.disable_by_batch_size
+
+    def keeps_states(self, num_running: int) -> bool:
+        """Whether the step must keep the states a hidden-state drafter reads (a parallel group
+        brings them to rank 0 only then)."""
+        return self.feeds_states and self.active(num_running)
+
+    def propose(self, running: list[Sequence], max_model_len: int, fail: Callable) -> dict[Sequence, list[int]]:
+        """Drafts for this step's decoding sequences, or none when the batch is too large to pay.
+        A sequence never gets more guesses than could be emitted: the step emits up to one more
+        token than it accepts, within max_tokens and the context. A constrained sequence's draft
+        is cut where its grammar refuses a token or ends, so verification only meets states the
+        grammar can reach; a grammar that raises here fails its request (`fail(seq, exc)`)."""
+        if not self.active(len(running)):
+            return {}
+        started = time.perf_counter()
+        seqs, limits = [], []
+        for seq in running:
+            if seq.num_computed_tokens != seq.num_tokens - 1:  # still prefilling
+                continue
+            if not self.backoff.allows(seq):  # its recent drafts were all rejected (backoff.py)
+                continue
+            room = min(self.config.num_speculative_tokens, max_model_len - seq.num_tokens - 1)
+            if seq.params.max_tokens is not None:
+                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if room > 0:
+                seqs.append(seq)
+                limits.append(room)
+        drafts = {}
+        for seq, draft, n in zip(seqs, self.drafter.propose(seqs, limits) if seqs else [], limits, strict=True):
+            try:
+                draft = seq.grammar.valid_prefix(draft[:n]) if seq.grammar is not None else draft[:n]
+            except Exception as exc:
+                fail(seq, exc)
+                continue
+            if draft:
+                drafts[seq] = draft
+        self.stats.draft_seconds += time.perf_counter() - started
+        return drafts
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """A verified draft run: `num_accepted` of its `num_drafted` guesses were taken."""
+        if num_drafted:
+            self.stats.record(num_drafted, num_accepted)
+            self.backoff.record(seq, num_accepted)
+
+    def observe(self, batch, starts: list[int], aux, started: float, num_running: int) -> None:
+        """After a step that began at `started` (perf_counter): count it if it verified drafts,
+        and hand a hidden-state drafter each sequence's rows of `aux` for the positions whose
+        K/V the step kept (all of a prefill chunk or decode; a verify's last token and accepted
+        drafts), when the next step will draft (`num_running` now). A large batch's prefill is
+        not fed: it would not draft."""
+        if any(item.draft_token_ids for item in batch.all):
+            self.stats.num_verify_steps += 1
+            self.stats.verify_seconds += time.perf_counter() - started
+        if aux is None or not self.keeps_states(num_running):
+            return
+        started = time.perf_counter()
+        entries, row = [], 0
+        for item, start in zip(batch.all, starts, strict=True):
+            seq = item.seq
+            if seq.is_finished:
+                self.drafter.release(seq)
+            else:
+                entries.append((seq, start, aux[row : row + seq.num_computed_tokens - start]))
+            row += item.num_tokens
+        self.drafter.observe(entries)
+        self.stats.draft_seconds += time.perf_counter() - started
+
+    def release(self, seq: Sequence) -> None:
+        self.drafter.release(seq)
+
+    def as_dict(self) -> dict:
+        return self.stats.as_dict()
