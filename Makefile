@@ -4,13 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-# libibverbs + libnl: the Mooncake Transfer Engine loads them even for TCP transfers.
-APT_PACKAGES := redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 chromium
+# libibverbs + libnl: the Mooncake Transfer Engine loads them even for TCP transfers. PostgreSQL
+# and redis-server: each test run starts its own (tests/support/services.py); none need be running.
+APT_PACKAGES := postgresql redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 chromium
 FRONTEND_STAMP := frontend/node_modules/.installed
 FRONTEND_SOURCES := $(shell find frontend/src -type f) frontend/index.html frontend/vite.config.ts
-# The test suite runs on PostgreSQL (make run defaults to SQLite); override as you need.
-TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/switchyard
-TEST_REDIS_URL ?= redis://127.0.0.1:6379/14
 
 .PHONY: setup frontend run test lint format check unit bench-engine bench-gateway demo-model demo-draft gpu-check clean
 
@@ -64,9 +62,15 @@ check: setup
 	DATABASE_URL=sqlite://:memory: $(PY) manage.py check
 	DATABASE_URL=sqlite://:memory: $(PY) manage.py makemigrations --check --dry-run
 
+# Every pytest run starts its own PostgreSQL and Redis on free ports (make run defaults to
+# SQLite); TEST_DATABASE_URL / TEST_REDIS_URL, given here or in the environment, use yours instead.
 test: setup lint check
 	cd frontend && npm test --silent
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
+
+# The fast lane: no test that starts processes, none that computes for seconds (tests/support/lanes.py).
+unit: $(STAMP) apt
+	$(PY) -m pytest -m "not processes and not slow" $(PYTEST_ARGS)
 
 bench-engine: setup
 	$(PY) -m workers.bench engine

@@ -1,9 +1,13 @@
 """Suite-wide settings and fixtures. The triton interpreter must be chosen before any kernel
-is defined, hence the environment set at import."""
+is defined, hence the environment set at import. This run's PostgreSQL and Redis are started
+before Django reads its settings, by the plugin tests/support/services.py (pyproject.toml)."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+from tests.support import lanes
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -11,9 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    lanes.mark(items, Path(__file__).parent)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _clean_redis():
-    """The tests' Redis database (REDIS_URL, db 14 under `make test`) starts empty."""
+    """The tests' Redis database (this run's own, or TEST_REDIS_URL's) starts empty."""
     import redis
     from django.conf import settings
 
@@ -27,6 +35,22 @@ def _model_roots(tmp_path_factory):
     from django.test import override_settings
 
     with override_settings(MODEL_ROOTS=[*settings.MODEL_ROOTS, str(tmp_path_factory.getbasetemp())]):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(request):
+    """Passwords hashed with MD5 first: PBKDF2's million rounds take 0.4 s per user a test makes
+    on this CPU (hashes stored with it still check). Not for tests that start processes, where a
+    web server may check a password stored here with the default hashers only."""
+    if request.node.get_closest_marker("processes"):
+        yield
+        return
+    from django.conf import settings
+    from django.test import override_settings
+
+    fast = ["django.contrib.auth.hashers.MD5PasswordHasher", *settings.PASSWORD_HASHERS]
+    with override_settings(PASSWORD_HASHERS=fast):
         yield
 
 
