@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.config.views import healthz, read_only, static, version
 from controlplane.console import views as console
-from controlplane.gateway import tokenize_views
+from controlplane.gateway.dialects.tokenize import views as tokenize_views
 from controlplane.telemetry.views import metrics
 
 api_v1 = [
@@ -34,7 +34,7 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
-    path("v1/", include("controlplane.gateway.openai_urls")),
+    path("v1/", include("controlplane.gateway.dialects.urls")),
     # vLLM serves these outside /v1 (and so here too; /v1/tokenize is the same view).
     path("tokenize", tokenize_views.tokenize, name="tokenize"),
     path("detokenize", tokenize_views.detokenize, name="detokenize"),

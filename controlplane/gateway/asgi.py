@@ -11,8 +11,8 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, JsonResponse
 
 from controlplane.common.asgi import LimitedBodyASGIHandler
-from controlplane.gateway.anthropic_request import ANTHROPIC_PATHS, error_body
-from controlplane.gateway.core.body import too_large
+from controlplane.gateway.core import too_large
+from controlplane.gateway.dialects.anthropic.request import ANTHROPIC_PATHS, error_body
 
 
 class GatewayASGIHandler(LimitedBodyASGIHandler):

@@ -22,12 +22,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from redis.exceptions import RedisError
 
 from controlplane.gateway import generation
-from controlplane.gateway.core.body import parse_json
+from controlplane.gateway.core import GatewayError, parse_json
 from controlplane.gateway.core.checks import session_key
-from controlplane.gateway.core.errors import GatewayError
-from controlplane.gateway.openai_request import parse_chat
-from controlplane.gateway.openai_views import ChatShaper, finish_reason
-from controlplane.gateway.tool_calls import ToolCall
+from controlplane.gateway.dialects.openai.request import parse_chat
+from controlplane.gateway.dialects.openai.views import finish_reason
+from controlplane.gateway.tool_calls import ChatShaper, ToolCall
 
 MAX_CONCURRENT_PER_SOCKET = 64
 CLOSE_UNAUTHORIZED = 4401  # 4000-4999: application codes; 4401 echoes HTTP's 401

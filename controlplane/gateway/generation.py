@@ -27,9 +27,8 @@ from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import failover, quality, ratelimit, router, selectors, tokenization
+from controlplane.gateway.core import GatewayError, GenerationRequest
 from controlplane.gateway.core.checks import session_key
-from controlplane.gateway.core.errors import GatewayError
-from controlplane.gateway.core.request import GenerationRequest
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.services import authenticate

@@ -17,7 +17,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation
-from controlplane.gateway.core.errors import GatewayError
+from controlplane.gateway.core import GatewayError
 from workers.protocol.replica import DeltaEvent
 
 log = logging.getLogger(__name__)

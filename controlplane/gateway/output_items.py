@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.gateway.core.request import GenerationRequest
-from controlplane.gateway.openai_views import ChatShaper
-from controlplane.gateway.tool_calls import ToolCall
+from controlplane.gateway.core import GenerationRequest
+from controlplane.gateway.tool_calls import ChatShaper, ToolCall
 from workers.protocol.replica import DeltaEvent
 
 

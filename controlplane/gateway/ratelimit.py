@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from controlplane.gateway.core.errors import GatewayError
+from controlplane.gateway.core import GatewayError
 
 WINDOW = 60
 

@@ -26,9 +26,7 @@ from pathlib import Path
 
 from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment
-from controlplane.gateway.core.errors import GatewayError, bad
-from controlplane.gateway.core.naming import bare
-from controlplane.gateway.core.request import GenerationRequest
+from controlplane.gateway.core import GatewayError, GenerationRequest, bad, bare
 from workers.protocol.errors import RequestError
 from workers.protocol.model_files import ModelDirectoryError, max_context, model_file, read_config, served_context
 from workers.protocol.tokenizer import Tokenizer

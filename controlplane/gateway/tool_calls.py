@@ -18,6 +18,9 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from controlplane.gateway.core import GenerationRequest
+from workers.protocol.replica import DeltaEvent
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 WHITESPACE = " \t\r\n"
 
@@ -191,3 +194,22 @@ class ToolCallParser:
             return [OPEN + body.text]
         self.calls.append(call)
         return [call]
+
+
+class ChatShaper:
+    """One choice's replica deltas as content and tool calls (no parsing when the request has no
+    tools, or said 'none'), for every API and both response styles."""
+
+    def __init__(self, req: GenerationRequest):
+        self.parser = ToolCallParser() if req.tools and req.tool_choice != "none" else None
+        self.logprobs = req.logprobs
+        self.calls: list[ToolCall] = []
+
+    def pieces(self, event: DeltaEvent) -> list[str | ToolCall]:
+        if self.parser is None:
+            return [event.text] if event.text else []
+        out = self.parser.feed(event.text)
+        if event.final:
+            out += self.parser.finish()
+        self.calls += [p for p in out if isinstance(p, ToolCall)]
+        return out

@@ -16,12 +16,12 @@ from django.conf import settings
 from controlplane.catalog.models import Model
 from controlplane.config.asgi import application
 from controlplane.deployments.models import Deployment
-from controlplane.gateway.anthropic_request import parse_count_tokens, parse_messages
-from controlplane.gateway.anthropic_views import MessageBuilder
 from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.dialects.anthropic.request import parse_count_tokens, parse_messages
+from controlplane.gateway.dialects.anthropic.views import MessageBuilder
+from controlplane.gateway.dialects.responses.request import parse_responses
+from controlplane.gateway.dialects.responses.views import ResponseBuilder
 from controlplane.gateway.models import StoredResponse
-from controlplane.gateway.responses_request import parse_responses
-from controlplane.gateway.responses_views import ResponseBuilder
 from controlplane.gateway.services import create_api_key
 from tests.support.played_replica import played_replica
 from workers.protocol.replica import DeltaEvent, ErrorEvent

@@ -14,8 +14,8 @@ from controlplane.config.asgi import application
 from controlplane.gateway.consumers import GenerateConsumer
 from controlplane.gateway.core.body import parse_json
 from controlplane.gateway.core.errors import OpenAIError
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from controlplane.gateway.generation import _refusal
-from controlplane.gateway.openai_request import parse_chat, parse_completion
 from controlplane.gateway.services import create_api_key
 from workers.protocol.replica import ErrorEvent
 

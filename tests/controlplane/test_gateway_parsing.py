@@ -6,7 +6,7 @@ import pytest
 
 from controlplane.gateway.core.body import parse_json
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
 
 MSG = [{"role": "user", "content": "hi"}]

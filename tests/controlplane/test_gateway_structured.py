@@ -6,7 +6,7 @@ through the stack in tests/integration/test_structured_serving.py)."""
 import pytest
 
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "messages": MSG}

@@ -26,7 +26,7 @@ from controlplane.deployments.replica_states import transition_replica
 from controlplane.deployments.services import create_deployment
 from controlplane.gateway import tokenization
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from controlplane.gateway.services import create_api_key
 from controlplane.inventory.services import register_node
 from tests.support.played_replica import played_replica
@@ -55,7 +55,7 @@ def test_the_web_process_tokenises_without_torch_or_the_engine():
         "import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'controlplane.config.settings');"
         "django.setup(); import controlplane.config.urls, controlplane.config.asgi;"
         "from controlplane.gateway import tokenization;"
-        "from controlplane.gateway.openai_request import parse_chat;"
+        "from controlplane.gateway.dialects.openai.request import parse_chat;"
         "from controlplane.catalog.models import Model; from controlplane.deployments.models import Deployment;"
         f"dep = Deployment(model=Model(name='m', source={str(MODEL_DIR)!r}));"
         "req = parse_chat({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]});"

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "messages": MSG}

@@ -1,4 +1,4 @@
-"""vLLM's /tokenize and /detokenize on the gateway (controlplane/gateway/tokenize_views.py), over
+"""vLLM's /tokenize and /detokenize on the gateway (controlplane/gateway/dialects/tokenize/), over
 HTTP with an API key: the ids are those the chat and completion endpoints run (the same
 tokenisation, checked against the `tokenizers` library itself), the special-token and
 generation-prompt switches do what vLLM's do, detokenize inverts tokenize, and every bad input is
@@ -17,7 +17,7 @@ from tokenizers import processors
 from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import tokenization
-from controlplane.gateway.openai_request import parse_chat
+from controlplane.gateway.dialects.openai.request import parse_chat
 from controlplane.gateway.services import create_api_key
 from workers.demo import MODEL_DIR
 from workers.protocol.tokenizer import Tokenizer

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.config.asgi import application
-from controlplane.gateway.anthropic_request import parse_messages
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
-from controlplane.gateway.responses_request import parse_responses
+from controlplane.gateway.dialects.anthropic.request import parse_messages
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
+from controlplane.gateway.dialects.responses.request import parse_responses
 from controlplane.gateway.services import create_api_key
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParser
 from tests.support.played_replica import played_replica
@@ -371,7 +371,7 @@ def test_bad_tools_are_400s_in_each_apis_error_shape(client, django_user_model):
 
 def test_the_gateways_checks_load_no_torch_and_take_one_pass_over_a_large_schema():
     code = (
-        "import sys, time; from controlplane.gateway.openai_request import parse_chat;"
+        "import sys, time; from controlplane.gateway.dialects.openai.request import parse_chat;"
         "props = {f'p{i}': {'type': 'string', 'description': 'x' * 100} for i in range(2000)};"
         "tool = {'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object', 'properties': props}}};"
         "t = time.perf_counter();"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controlplane.gateway.core.body import parse_json
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from workers.engine import LLM, RequestError, SamplingParams
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,7 @@ from controlplane.catalog.models import Model
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import tokenization
 from controlplane.gateway.core.errors import OpenAIError
-from controlplane.gateway.openai_request import parse_chat, parse_completion
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from tests.engine.checkpoints import build_checkpoint
 from tests.support.stack import wait_for
 from workers.bench.processes import start_replica

@@ -250,8 +250,8 @@ REPLICA = 9301
 def test_what_the_gateway_sends_is_what_the_replica_reads(kind):
     """Through the gateway's own code (parser, hub) and real Redis, read back as the replica
     reads its stream."""
+    from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
     from controlplane.gateway.hub import ReplicaHub
-    from controlplane.gateway.openai_request import parse_chat, parse_completion
 
     common = {"model": "m", "temperature": 0.5, "top_k": 4, "seed": 11, "max_tokens": 7, "stop": "\n",
               "presence_penalty": 0.25, "ignore_eos": True}  # fmt: skip

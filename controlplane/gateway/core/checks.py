@@ -1,6 +1,6 @@
 """The checks every dialect's parameters go through.
 
-Every problem becomes a 400 naming the parameter (naming.py: as the client's API names it), so a
+Every problem becomes a 400 naming the parameter (names.py: as the client's API names it), so a
 client gets an error in its API's shape rather than a traceback. Every value is range-checked here
 (the replica checks again): one that got through and failed inside an engine step would fail every
 request sharing the batch. The gateway checks what is cheap of a structured-output spec (shapes,
@@ -15,7 +15,7 @@ import math
 import re
 
 from controlplane.gateway.core.errors import bad, show
-from controlplane.gateway.core.naming import ref
+from controlplane.gateway.core.names import ref
 from workers.protocol.errors import RequestError
 from workers.protocol.grammar import check_grammar, check_refs, check_schema
 

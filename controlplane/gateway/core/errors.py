@@ -2,7 +2,7 @@
 
 Raised anywhere from parsing to a replica's refusal; the dialect serving the request renders it
 (`body()` is OpenAI's shape, which /v1 and vLLM's paths answer in; Anthropic renders its own).
-`param` is named as the active dialect names it (naming.py), so a client always reads the name
+`param` is named as the active dialect names it (names.py), so a client always reads the name
 of what it sent.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from controlplane.gateway.core.naming import current
+from controlplane.gateway.core.names import current
 
 
 class GatewayError(Exception):

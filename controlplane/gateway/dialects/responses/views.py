@@ -1,6 +1,6 @@
 """OpenAI's Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
 
-A response runs as a chat (responses_request.py) and answers with output items (a `message` of
+A response runs as a chat (request.py) and answers with output items (a `message` of
 `output_text`, a `function_call` per tool call; output_items.py), whole or as the Responses
 stream events, each with its `sequence_number`. Unless `store` is false the answer is kept
 (models.StoredResponse, visible to the API key's owner only) so that `previous_response_id` can
@@ -18,15 +18,11 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
 from controlplane.gateway import generation
-from controlplane.gateway.core.body import read_json
-from controlplane.gateway.core.errors import GatewayError, bad
-from controlplane.gateway.core.naming import naming
-from controlplane.gateway.core.request import GenerationRequest
-from controlplane.gateway.core.usage import counts
+from controlplane.gateway.core import GatewayError, GenerationRequest, bad, counts, naming, read_json
+from controlplane.gateway.dialects.responses.request import MAX_ID, NAMES, ResponsesRequest, parse_responses
 from controlplane.gateway.http import api_view, bearer_caller, deltas, prefill_note, respond, sse
 from controlplane.gateway.models import StoredResponse
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
-from controlplane.gateway.responses_request import MAX_ID, NAMES, ResponsesRequest, parse_responses
 from workers.protocol.replica import DeltaEvent
 
 

@@ -3,7 +3,7 @@
 The key comes as `x-api-key` (or `Authorization: Bearer`); `anthropic-version` is accepted
 whatever it says (one wire format is served) and `anthropic-beta` too: what a beta would
 enable arrives as body parameters, which are refused when not built. The request runs as a
-chat (anthropic_request.py) and answers with content blocks (`text`, `tool_use`), whole or as
+chat (request.py) and answers with content blocks (`text`, `tool_use`), whole or as
 Anthropic's event stream; errors come in Anthropic's shape.
 """
 
@@ -16,10 +16,13 @@ import uuid
 from django.http import JsonResponse
 
 from controlplane.gateway import generation, tokenization
-from controlplane.gateway.anthropic_request import MessagesRequest, error_body, parse_count_tokens, parse_messages
-from controlplane.gateway.core.body import read_json
-from controlplane.gateway.core.errors import GatewayError
-from controlplane.gateway.core.usage import TokenCounts, counts
+from controlplane.gateway.core import GatewayError, TokenCounts, counts, read_json
+from controlplane.gateway.dialects.anthropic.request import (
+    MessagesRequest,
+    error_body,
+    parse_count_tokens,
+    parse_messages,
+)
 from controlplane.gateway.http import api_view, deltas, respond, sse
 from controlplane.gateway.output_items import Called, Closed, Grew, Opened, OutputItems, Text
 from controlplane.gateway.tool_calls import CLOSE, OPEN, ToolCall

@@ -3,7 +3,7 @@
 The request becomes a chat: `system` the system message, `text` blocks message content,
 `tool_use` blocks an assistant's tool calls, `tool_result` blocks tool messages; `tools`
 (`input_schema`) the chat endpoint's function tools and `tool_choice` any/tool its enforced
-choice. The chat parser (openai_request.parse_chat) then checks and builds what the replica is
+choice. The chat parser (dialects/openai/request.py) then checks and builds what the replica is
 sent, naming this API's parameters (NAMES). Every problem is a GatewayError the view answers in
 Anthropic's error shape; every parameter this server does not build is a 400 naming it.
 """
@@ -14,12 +14,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from controlplane.gateway.core import checks
+from controlplane.gateway.core import GatewayError, GenerationRequest, Names, bad, checks, naming
 from controlplane.gateway.core.checks import INT32_MAX
-from controlplane.gateway.core.errors import GatewayError, bad
-from controlplane.gateway.core.naming import Names, naming
-from controlplane.gateway.core.request import GenerationRequest
-from controlplane.gateway.openai_request import parse_chat
+from controlplane.gateway.dialects.openai.request import parse_chat
 
 PARAMS = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",

@@ -1,6 +1,6 @@
 """OpenAI's chat and completion requests, and the chat every other dialect lowers to.
 
-`parse_chat` is also what Responses and Messages requests become (naming.py names their
+`parse_chat` is also what Responses and Messages requests become (core/names.py names their
 parameters): all endpoints accept and refuse the same values. Fields the engine cannot honour
 (echo, best_of...) are refused explicitly instead of silently ignored.
 """
@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 
-from controlplane.gateway.core import checks
+from controlplane.gateway.core import GenerationRequest, bad, bare, checks, ref, show
 from controlplane.gateway.core.checks import INT32_MAX, SEED_MAX, integer, number, typed
-from controlplane.gateway.core.errors import bad, show
-from controlplane.gateway.core.naming import bare, ref
-from controlplane.gateway.core.request import GenerationRequest
 from workers.protocol.grammar import tool_name_problem
 from workers.protocol.replica import WireSamplingParams
 

@@ -3,7 +3,7 @@
 A Responses request is a chat in other words: its `input` items become chat messages (after the
 stored conversation `previous_response_id` names, and `instructions` as the system message), its
 flat function tools the chat endpoint's tools, `text.format` its `response_format`. The chat
-parser (openai_request.parse_chat) then checks and builds what the replica is sent, so both
+parser (dialects/openai/request.py) then checks and builds what the replica is sent, so both
 endpoints accept and refuse the same values; its errors name this API's parameters (NAMES).
 Every Responses parameter this server does not build is a 400 naming it.
 """
@@ -14,12 +14,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from controlplane.gateway.core import checks
+from controlplane.gateway.core import GenerationRequest, Names, bad, checks, naming
 from controlplane.gateway.core.checks import INT32_MAX
-from controlplane.gateway.core.errors import bad
-from controlplane.gateway.core.naming import Names, naming
-from controlplane.gateway.core.request import GenerationRequest
-from controlplane.gateway.openai_request import parse_chat
+from controlplane.gateway.dialects.openai.request import parse_chat
 
 # Read here; each maps to the chat parameter of the same meaning or shapes the answer.
 PARAMS = {

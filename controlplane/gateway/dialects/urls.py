@@ -1,10 +1,13 @@
-"""/v1/*: the OpenAI-compatible API (see openai_views), its Responses API (responses_views),
-Anthropic's Messages API (anthropic_views) and vLLM's tokenize/detokenize (tokenize_views, also at
-/tokenize and /detokenize, where vLLM serves them)."""
+"""/v1/*: the OpenAI-compatible API (openai/), its Responses API (responses/), Anthropic's Messages
+API (anthropic/) and vLLM's tokenize/detokenize (tokenize/, also at /tokenize and /detokenize, where
+vLLM serves them)."""
 
 from django.urls import path, re_path
 
-from controlplane.gateway import anthropic_views, openai_views, responses_views, tokenize_views
+from controlplane.gateway.dialects.anthropic import views as anthropic_views
+from controlplane.gateway.dialects.openai import views as openai_views
+from controlplane.gateway.dialects.responses import views as responses_views
+from controlplane.gateway.dialects.tokenize import views as tokenize_views
 
 urlpatterns = [
     path("models", openai_views.list_models, name="openai-models"),

@@ -7,10 +7,8 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway import generation
-from controlplane.gateway.core.body import read_json
-from controlplane.gateway.core.errors import GatewayError
-from controlplane.gateway.core.request import GenerationRequest
-from controlplane.gateway.core.usage import counts
+from controlplane.gateway.core import GatewayError, GenerationRequest, counts, read_json
+from controlplane.gateway.dialects.openai.request import parse_chat, parse_completion
 from controlplane.gateway.http import (
     api_view,
     bearer_caller,
@@ -21,8 +19,7 @@ from controlplane.gateway.http import (
     resume_note,
     sse,
 )
-from controlplane.gateway.openai_request import parse_chat, parse_completion
-from controlplane.gateway.tool_calls import ToolCall, ToolCallParser
+from controlplane.gateway.tool_calls import ChatShaper, ToolCall
 from workers.protocol.replica import DeltaEvent, TokenLogprob
 
 
@@ -104,24 +101,6 @@ async def _admit(request, parse) -> tuple[GenerationRequest, generation.Generati
 
 
 # -- chat --------------------------------------------------------------------------------------
-class ChatShaper:
-    """Turns replica deltas into chat content and tool calls, for both response styles."""
-
-    def __init__(self, req: GenerationRequest):
-        self.parser = ToolCallParser() if req.tools and req.tool_choice != "none" else None
-        self.logprobs = req.logprobs
-        self.calls: list[ToolCall] = []
-
-    def pieces(self, event: DeltaEvent) -> list[str | ToolCall]:
-        if self.parser is None:
-            return [event.text] if event.text else []
-        out = self.parser.feed(event.text)
-        if event.final:
-            out += self.parser.finish()
-        self.calls += [p for p in out if isinstance(p, ToolCall)]
-        return out
-
-
 @api_view(("POST",))
 async def chat_completions(request):
     req, gen = await _admit(request, parse_chat)
