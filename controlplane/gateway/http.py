@@ -22,21 +22,17 @@ from workers.protocol.replica import DeltaEvent
 
 log = logging.getLogger(__name__)
 
-Render = Callable[[GatewayError], dict]  # an error as a dialect's body
+Render = Callable[[GatewayError], dict]  # an error as a dialect's body; GatewayError.body is OpenAI's
 
 
-def openai_error(exc: GatewayError) -> dict:
-    return exc.body()
-
-
-def error_response(exc: GatewayError, render: Render = openai_error) -> JsonResponse:
+def error_response(exc: GatewayError, render: Render = GatewayError.body) -> JsonResponse:
     response = JsonResponse(render(exc), status=exc.status)
     for name, value in exc.headers.items():
         response[name] = value
     return response
 
 
-def api_view(methods: tuple[str, ...] = ("POST",), render: Render = openai_error):
+def api_view(methods: tuple[str, ...] = ("POST",), render: Render = GatewayError.body):
     """Method check, errors in the dialect's shape (`render`), and nothing escapes as a 500 for
     bad input."""
 
