@@ -85,7 +85,7 @@ demo-model: setup
 # Retrain the demo model's committed EAGLE-3 draft head (workers/demo/draft) on its own answers.
 demo-draft: setup
 	$(PY) -m workers.demo.draft_prompts --out .cache/demo-draft-prompts.jsonl
-	$(PY) -m workers.spec.train_eagle3 --target workers/demo/model --data .cache/demo-draft-prompts.jsonl \
+	$(PY) -m workers.draft_training.train_eagle3 --target workers/demo/model --data .cache/demo-draft-prompts.jsonl \
 		--out workers/demo/draft
 
 gpu-check: setup

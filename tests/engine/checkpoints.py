@@ -199,8 +199,8 @@ def build_eagle3_head(
     or with `random_norms` random in [0.5, 1.5] (a trained head's are not ones)."""
     from safetensors.torch import save_file
 
+    from workers.draft_training.train_eagle3 import head_config
     from workers.protocol.draft_models import Eagle3Spec, expected_shapes
-    from workers.spec.train_eagle3 import head_config
 
     target = json.loads((target_dir / "config.json").read_text())
     vocab = target["vocab_size"]

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from tests.engine.test_disaggregation import handoff
-from tests.engine.test_spec_decode import NGRAM
+from tests.engine.test_speculative_decode import NGRAM
 from tests.engine.test_structured import PERSON, WEATHER
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import EngineConfig
@@ -83,7 +83,7 @@ def test_constrained_outputs_under_speculation_equal_those_without(plain, specul
         for c in got:
             assert c.finish_reason == "stop" and validates(kind, c.text), c.text
     if kind != "choice":  # one or two tokens: nothing to look up or draft
-        assert speculating.engine.spec_stats()["num_draft_tokens"] > 0
+        assert speculating.engine.speculation_stats()["num_draft_tokens"] > 0
     assert speculating.engine.block_manager.num_free_blocks == speculating.engine.block_manager.num_blocks
 
 
@@ -113,7 +113,7 @@ def test_n_under_speculation_greedy_samples_equal_n_1_and_seeds_reproduce(plain,
                                                                       seeded)]  # fmt: skip
     assert first == again  # and equal to the run without speculation
     assert any(len({tuple(t) for t in samples}) > 1 for samples in first)  # the samples differ
-    assert llm.engine.spec_stats()["num_draft_tokens"] > 0
+    assert llm.engine.speculation_stats()["num_draft_tokens"] > 0
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 

@@ -172,7 +172,7 @@ def test_ngram_speculation_is_lossless(checkpoint_factory):
         g, w = g.outputs[0], w.outputs[0]
         assert g.token_ids == w.token_ids
         assert max(abs(a[t] - b[t]) for a, b, t in zip(g.logprobs, w.logprobs, g.token_ids, strict=True)) < 1e-4
-    stats = spec.engine.spec_stats()
+    stats = spec.engine.speculation_stats()
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
 
 

@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.engine.checkpoints import build_eagle3_head
-from tests.engine.test_spec_decode import GREEDY, PROMPTS, assert_consistent, assert_same, generate
+from tests.engine.test_speculative_decode import GREEDY, PROMPTS, assert_consistent, assert_same, generate
+from workers.draft_training.train_eagle3 import TargetFeatures, unroll
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import rope_from
 from workers.engine.errors import ModelLoadError, RequestError
-from workers.engine.spec import SpeculativeConfig
-from workers.engine.spec.eagle3 import NORMS, DraftPass, Eagle3Head, fold_norm_weights
+from workers.engine.speculative import SpeculativeConfig
+from workers.engine.speculative.eagle3 import NORMS, DraftPass, Eagle3Head, fold_norm_weights
 from workers.protocol.draft_models import read_eagle3
-from workers.spec.train_eagle3 import TargetFeatures, unroll
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "deepseek_v3", "kimi_k2"]
 DEMO_MODEL = "workers/demo/model"
@@ -49,7 +49,7 @@ def test_random_head_is_lossless_alone_together_and_under_preemption(checkpoint_
         assert_same(generate(spec, [p], GREEDY)[0], w)
     for got, w in zip(generate(spec, PROMPTS, GREEDY), want, strict=True):
         assert_same(got, w)
-    stats = spec.engine.spec_stats()
+    stats = spec.engine.speculation_stats()
     assert stats["num_drafts"] > 50 and stats["drafted_per_position"][2] > 0
     # Tight: 40 blocks of 4 cannot hold all five at full length, 16 tokens a step chunk prefills.
     tight = eagle(model_dir, head, num_kv_blocks=40, max_num_batched_tokens=16, spec=every_step)
@@ -144,7 +144,7 @@ def test_demo_pair_is_lossless_and_accepts_most_drafts():
         assert_same(generate(spec, [p], params)[0], w)
     for got, w in zip(generate(spec, prompts, params), want, strict=True):  # all eight together
         assert_same(got, w)
-    stats = spec.engine.spec_stats()
+    stats = spec.engine.speculation_stats()
     assert stats["mean_acceptance_length"] > 2.0, stats
     # Stop strings ending inside an accepted run: a piece of the middle of each answer.
     for p, w in zip(prompts, want, strict=True):
@@ -219,20 +219,20 @@ def test_a_head_that_missed_part_of_the_answer_does_not_draft():
     together = eagle(DEMO_MODEL, DEMO_DRAFT, block_size=16, spec={"disable_by_batch_size": 1})
     got = [o.outputs[0] for o in together.generate(prompts, params)]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert together.engine.spec_stats()["num_drafts"] == 0
+    assert together.engine.speculation_stats()["num_drafts"] == 0
 
     alone = eagle(DEMO_MODEL, DEMO_DRAFT, block_size=16, spec={"disable_by_batch_size": 1})
     got = [o.outputs[0] for o in alone.generate([prompts[2]], params[2])]
     assert got[0].token_ids == want[2].token_ids
-    assert alone.engine.spec_stats()["num_drafts"] > 0
+    assert alone.engine.speculation_stats()["num_drafts"] > 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
 def test_the_trainer_writes_a_head_the_engine_loads(checkpoint_factory, tmp_path, arch, capsys):
-    """`python -m workers.spec.train_eagle3` end to end, a few steps: the target answers the
+    """`python -m workers.draft_training.train_eagle3` end to end, a few steps: the target answers the
     prompts, the head trains on its aux states, and the directory it writes is a head the
     engine loads for that target and drafts with, outputs unchanged."""
-    from workers.spec.train_eagle3 import main
+    from workers.draft_training.train_eagle3 import main
 
     model_dir = checkpoint_factory(arch)
     data = tmp_path / "prompts.jsonl"
@@ -247,4 +247,4 @@ def test_the_trainer_writes_a_head_the_engine_loads(checkpoint_factory, tmp_path
     want = generate(plain(model_dir), PROMPTS[:2], GREEDY)
     for got, w in zip(generate(spec, PROMPTS[:2], GREEDY), want, strict=True):
         assert_same(got, w)
-    assert spec.engine.spec_stats()["num_drafts"] > 0
+    assert spec.engine.speculation_stats()["num_drafts"] > 0

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.test_compose import DEMO, EAGLE3, GRAMMARS, QUESTIONS, validates
-from tests.engine.test_spec_decode import NGRAM
+from tests.engine.test_speculative_decode import NGRAM
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine

@@ -39,7 +39,7 @@ def wait_gone(pids, seconds=20.0) -> list[int]:
 
 def test_a_rank_killed_mid_generation_fails_the_request_quickly(llama_dir):
     llm = LLM(str(llama_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2, parallel_timeout_s=10)
-    pids = llm.engine.group.pids
+    pids = llm.engine.parallel_group.pids
     engine = llm.engine
 
     def kill_when_decoding():
@@ -72,7 +72,7 @@ def test_killing_rank_0_leaves_no_rank_behind(llama_dir, tmp_path):
         from workers.engine import LLM
         if __name__ == "__main__":
             llm = LLM({str(llama_dir)!r}, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2)
-            print(" ".join(map(str, llm.engine.group.pids)), flush=True)
+            print(" ".join(map(str, llm.engine.parallel_group.pids)), flush=True)
             sys.stdin.read()
         """
     )

@@ -22,16 +22,16 @@ def test_forked_samples_reference_the_prompt_blocks_and_free_them(llama_dir):
     engine, bm = llm.engine, llm.engine.block_manager
     engine.add_request("r", PROMPT, SamplingParams(n=4, temperature=0.0, max_tokens=6, ignore_eos=True))
     engine.step()  # prefills the prompt once and forks
-    group = engine.requests["r"].group
-    assert [s.index for s in group] == [0, 1, 2, 3]
-    shared = group[0].block_table[:9]
-    for child in group[1:]:
+    samples = engine.requests["r"].samples
+    assert [s.index for s in samples] == [0, 1, 2, 3]
+    shared = samples[0].block_table[:9]
+    for child in samples[1:]:
         assert child.block_table == shared and child.num_computed_tokens == 36
     assert all(bm.blocks[b].ref_count == 4 for b in shared)
     while engine.has_unfinished_requests():
         deltas = engine.step()
         # Every sample owns its last prompt block and its output blocks.
-        live = [s for s in group if not s.is_finished]
+        live = [s for s in samples if not s.is_finished]
         tails = [b for s in live for b in s.block_table[9:]]
         assert len(tails) == len(set(tails))
         assert all(d.request_id == "r" for d in deltas)
@@ -108,10 +108,10 @@ def test_abort_ends_every_sample(llama_dir):
     engine.add_request("r", PROMPT, SamplingParams(n=3, temperature=0.0, max_tokens=50, ignore_eos=True))
     engine.step()
     engine.step()
-    group = engine.requests["r"].group
-    assert len(group) == 3
+    samples = engine.requests["r"].samples
+    assert len(samples) == 3
     assert engine.abort_request("r")
-    assert all(s.finish_reason == "abort" for s in group)
+    assert all(s.finish_reason == "abort" for s in samples)
     assert not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == 64
     assert not engine.abort_request("r")
 

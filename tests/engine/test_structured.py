@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import torch
 
-from tests.engine.test_spec_decode import NGRAM  # drafts at every step, rejected or not
+from tests.engine.test_speculative_decode import NGRAM  # drafts at every step, rejected or not
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestError
@@ -189,7 +189,7 @@ def test_speculative_verification_masks_each_position():
     want = run(plain, prompts * 2, params)
     got = run(spec, prompts * 2, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    stats = spec.engine.spec_stats()
+    stats = spec.engine.speculation_stats()
     assert stats["num_draft_tokens"] > 0 and stats["num_accepted_tokens"] > 0
     for out in got[: len(prompts)]:
         jsonschema.validate(json.loads(out.text), PERSON)

@@ -48,7 +48,7 @@ STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
         "test_killing_rank_0_leaves_no_rank_behind",
     ),
     "engine/test_parallel_parity.py": ("*",),
-    "engine/test_parallel_spec.py": ("*",),
+    "engine/test_parallel_speculative.py": ("*",),
     "engine/test_parallel_startup.py": ("*",),
     "engine/test_quantized.py": ("test_int4_experts_at_tensor_parallel_generate_what_one_device_does",),
     "engine/test_tiered_cache.py": ("master", "test_a_put_the_store_refused_is_tried_again"),  # mooncake_master
@@ -99,7 +99,7 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_quantized_checkpoint_generates_what_its_dequantized_twin_does",
         "test_quantized_mla_moe_checkpoints_generate_what_their_dequantized_twins_do",
     ),
-    "engine/test_spec_decode.py": (
+    "engine/test_speculative_decode.py": (
         "test_eos_and_stop_token_inside_an_accepted_run",
         "test_greedy_is_lossless_under_preemption_and_chunked_prefill",
         "test_stop_string_ending_inside_an_accepted_run",
@@ -113,7 +113,7 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_stats_and_configuration",
         "test_speculation_switches_off_above_the_batch_threshold",
     ),
-    "engine/test_spec_rejection.py": ("test_bad_draft_distribution_still_yields_the_target_distribution",),
+    "engine/test_speculative_rejection.py": ("test_bad_draft_distribution_still_yields_the_target_distribution",),
     "engine/test_structured.py": (
         "test_free_requests_are_unchanged_by_constrained_neighbours_with_chunking_and_preemption",
     ),

@@ -93,7 +93,7 @@ class Pass:
 
     tokens: list[list[int]]
     seconds: float
-    spec: dict | None  # spec_stats() counters of this pass alone
+    spec: dict | None  # speculation_stats() counters of this pass alone
     # Batch 1 only: seconds of each engine step by kind (a verify step without its draft run; a
     # short one verified fewer than k drafts), and of each draft run of k tokens.
     steps: dict[str, list[float]] = field(
@@ -189,7 +189,7 @@ class Engine:
         engine = self.engine
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
         engine.block_manager.reset_prefix_cache()
-        before = engine.spec_stats()
+        before = engine.speculation_stats()
         out: Pass = Pass([], 0.0, None)
         gc.collect()
         started = time.perf_counter()
@@ -223,7 +223,7 @@ class Engine:
                 first = False
             out.tokens.extend(tokens[rid] for rid in rids)
         out.seconds = time.perf_counter() - started
-        out.spec = _spec_delta(before, engine.spec_stats())
+        out.spec = _spec_delta(before, engine.speculation_stats())
         return out
 
 

@@ -5,7 +5,7 @@
 The chats the demo model was trained on (corpus.py, seed 0), cut before each assistant turn:
 a user's question (answered with a sentence or a tool call) and, after a tool call, the tool's
 result (answered with a sentence). One JSON line each, {"messages": [...], "tools": [...]}, the
-format `python -m workers.spec.train_eagle3 --data` reads; the target writes the answers.
+format `python -m workers.draft_training.train_eagle3 --data` reads; the target writes the answers.
 """
 
 from __future__ import annotations

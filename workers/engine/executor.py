@@ -22,7 +22,7 @@ from workers.engine.loader import load_model
 from workers.engine.memory import rank_memory
 from workers.engine.model_runner import ModelRunner, num_kv_blocks
 from workers.engine.parallel.config import ParallelConfig
-from workers.engine.spec.config import SpeculativeConfig
+from workers.engine.speculative.config import SpeculativeConfig
 
 
 def make_executor(
@@ -42,7 +42,7 @@ def make_executor(
 
     aux_layers, draft_embedding = (), False
     if speculative is not None and speculative.method == "eagle3":
-        from workers.engine.spec.eagle3 import head_aux_layers, head_has_embedding
+        from workers.engine.speculative.eagle3 import head_aux_layers, head_has_embedding
 
         aux_layers = head_aux_layers(speculative.model, config.model, model_config.num_layers)
         draft_embedding = not head_has_embedding(speculative.model)

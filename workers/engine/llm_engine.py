@@ -26,7 +26,7 @@ from workers.engine.sampler import Sampler
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
-from workers.engine.spec import SpeculativeConfig, make_speculator
+from workers.engine.speculative import SpeculativeConfig, make_speculator
 from workers.engine.structured import Grammars, grammar_state, tokenizer_info
 from workers.engine.tiered_cache import KVTierConfig, NoTiers, TieredCache
 from workers.protocol.model_files import read_config, served_context
@@ -135,7 +135,7 @@ class LLMEngine:
         return self.executor.model
 
     @property
-    def group(self):
+    def parallel_group(self):
         """The parallel group, or None on one device."""
         return None if isinstance(self.executor, DeviceExecutor) else self.executor
 
@@ -263,9 +263,9 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> bool:
         self.release_held(request_id)
         seq = self.requests.pop(request_id, None)
-        if seq is None or all(sample.is_finished for sample in seq.group):
+        if seq is None or all(sample.is_finished for sample in seq.samples):
             return False
-        for sample in seq.group:  # every sample of the request (parallel_sampling.py)
+        for sample in seq.samples:  # every sample of the request (parallel_sampling.py)
             if sample.is_finished:
                 continue
             sample.hold_blocks = False
@@ -325,7 +325,7 @@ class LLMEngine:
         log.error("request %s failed in the engine: %s", seq.request_id, message, exc_info=exc)
         self.num_request_errors += 1
         deltas = []
-        for sample in seq.group:
+        for sample in seq.samples:
             if sample.is_finished:
                 continue
             sample.finish_reason, sample.hold_blocks = "error", False
@@ -453,6 +453,6 @@ class LLMEngine:
         "other"}); one entry for a single-device engine."""
         return self.executor.memory()
 
-    def spec_stats(self) -> dict | None:
+    def speculation_stats(self) -> dict | None:
         """Speculation's counters since start (spec/stats.py), or None when it is off."""
         return self.speculator.as_dict()

@@ -34,12 +34,12 @@ def check_n(params, hold_blocks: bool, output_token_ids) -> None:
 def due_forks(seqs: Iterable[Sequence]) -> list[Sequence]:
     """The sequences among `seqs` whose other samples are to be forked now: sample 0 of a
     request of n > 1, its prompt computed, no output yet."""
-    return [s for s in seqs if s.params.n > len(s.group) and s.num_output_tokens == 0]
+    return [s for s in seqs if s.params.n > len(s.samples) and s.num_output_tokens == 0]
 
 
 def request_finished(seq: Sequence) -> bool:
     """Every sample of `seq`'s request has been made and has finished."""
-    return len(seq.group) == seq.group[0].params.n and all(sample.is_finished for sample in seq.group)
+    return len(seq.samples) == seq.samples[0].params.n and all(sample.is_finished for sample in seq.samples)
 
 
 def sample_params(params, index: int):
@@ -60,11 +60,11 @@ def fork(parent: Sequence, block_manager: BlockManager) -> list[Sequence]:
         child = Sequence(parent.request_id, prompt, sample_params(parent.params, index), parent.eos_token_ids)
         child.eos_token_ids = parent.eos_token_ids
         child.index = index
-        child.group = parent.group
+        child.samples = parent.samples
         child.arrival_time = parent.arrival_time
         child.session_turn = parent.session_turn
         child.num_cached_tokens = parent.num_cached_tokens
         block_manager.share_prefix(parent, child, shared)
         children.append(child)
-    parent.group.extend(children)
+    parent.samples.extend(children)
     return children

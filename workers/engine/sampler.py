@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.engine.sampling_params import SamplingParams
-from workers.engine.spec.rejection import draw, rejection_sample
+from workers.engine.speculative.rejection import draw, rejection_sample
 from workers.engine.structured import allocate_masks, apply_masks
 
 

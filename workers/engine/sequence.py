@@ -57,7 +57,7 @@ class Sequence:
         # Parallel sampling (parallel_sampling.py): this sample's index among the request's n,
         # and every sample of the request (this one included), sample 0 first.
         self.index = 0
-        self.group: list[Sequence] = [self]
+        self.samples: list[Sequence] = [self]
 
     @property
     def num_tokens(self) -> int:

@@ -632,7 +632,7 @@ class SpeculativeSpec(Wire):
     draft_model: str | None = None
 
     def engine_config(self) -> dict:
-        """The engine's `speculative_config`, in vLLM's spelling (workers/engine/spec/config.py)."""
+        """The engine's `speculative_config`, in vLLM's spelling (workers/engine/speculative/config.py)."""
         out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.draft_model:
             out["model"] = self.draft_model

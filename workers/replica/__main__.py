@@ -87,8 +87,8 @@ def serve(spec: ReplicaSpec, engine, client, log: logging.Logger) -> int:
         from workers.replica.disagg import Disaggregation
 
         try:
-            if engine.group is not None:  # every rank moves its own shard
-                kv = GroupKV(engine.group, spec.kv_host, spec.kv_protocol)
+            if engine.parallel_group is not None:  # every rank moves its own shard
+                kv = GroupKV(engine.parallel_group, spec.kv_host, spec.kv_protocol)
             else:
                 kv = MooncakeKV(engine.runner.kv_cache, engine.kv_layout(), spec.kv_host, spec.kv_protocol)
         except KVTransferError as exc:

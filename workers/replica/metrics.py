@@ -75,7 +75,7 @@ class ReplicaMetrics:
 
 
 def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics | None:
-    """What the replica reports of its engine's speculation (`LLMEngine.spec_stats()`, counters
+    """What the replica reports of its engine's speculation (`LLMEngine.speculation_stats()`, counters
     since start), or None when the engine does not speculate."""
     if stats is None:
         return None

@@ -474,7 +474,7 @@ class ReplicaServer:
             endpoint["kv_session"] = self.disagg.kv.session
         metrics = {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
         if self.spec.speculative is not None:
-            spec = speculative_metrics(self.spec.speculative.method, self.engine.spec_stats())
+            spec = speculative_metrics(self.spec.speculative.method, self.engine.speculation_stats())
             if spec is not None:
                 metrics["speculative"] = spec
         status = ReplicaStatus(

@@ -14,7 +14,7 @@ from workers.engine.block_manager import chain_hash
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.sequence import Sequence
-from workers.engine.spec import DraftBackoff
+from workers.engine.speculative import DraftBackoff
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 # draft_backoff 0: a random model rejects most guesses, and these tests want every step to draft
@@ -142,7 +142,7 @@ def test_greedy_is_lossless_alone_and_in_mixed_batches(checkpoint_factory, arch)
         assert got.token_ids == w.token_ids[: p.max_tokens]
         for mine, ref, t in zip(got.logprobs, w.logprobs[: p.max_tokens], got.token_ids, strict=True):
             assert abs(mine[t] - ref[t]) < 1e-4
-    stats = spec.engine.spec_stats()
+    stats = spec.engine.speculation_stats()
     assert stats["num_accepted_tokens"] > 0, "the test must exercise accepted drafts"
     assert stats["num_accepted_tokens"] < stats["num_draft_tokens"], "... and rejected ones"
     assert log.mixed_steps > 0
@@ -166,7 +166,7 @@ def test_greedy_is_lossless_under_preemption_and_chunked_prefill(checkpoint_fact
             got[d.request_id].append(d)
         assert_consistent(engine, mirror)
     assert engine.scheduler.num_preemptions > 0
-    assert engine.spec_stats()["num_accepted_tokens"] > 0 and log.mixed_steps > 0
+    assert engine.speculation_stats()["num_accepted_tokens"] > 0 and log.mixed_steps > 0
     for i, w in enumerate(want):
         assert [t for d in got[str(i)] for t in d.new_token_ids] == w.token_ids
         lps = [lp for d in got[str(i)] for lp in d.new_logprobs]
@@ -192,7 +192,7 @@ def test_prefix_cache_holds_only_accepted_tokens_kv(checkpoint_factory, arch):
     for got, w, p in zip(again, want2, followups, strict=True):
         assert_same(got.outputs[0], w)
         assert got.num_cached_tokens >= (len(p) - 1) // 4 * 4 - 4
-    assert spec.engine.spec_stats()["num_accepted_tokens"] > 0
+    assert spec.engine.speculation_stats()["num_accepted_tokens"] > 0
     bm, ref = spec.engine.block_manager, base.engine.block_manager
     common = set(bm.hash_to_block) & set(ref.hash_to_block)
     assert len(common) > 50
@@ -326,7 +326,7 @@ def test_context_end_is_never_exceeded(checkpoint_factory):
     got, want = generate(spec, [prompt], params)[0], generate(base, [prompt], params)[0]
     assert got.token_ids == want.token_ids and len(prompt) + len(got.token_ids) == 40
     assert got.finish_reason == "length"
-    assert spec.engine.spec_stats()["num_accepted_tokens"] > 0
+    assert spec.engine.speculation_stats()["num_accepted_tokens"] > 0
 
 
 SAMPLED = {
@@ -351,7 +351,7 @@ def test_seeded_sampling_gives_the_same_tokens_as_without_speculation(checkpoint
     got = generate(spec, prompts, params)
     for g, w in zip(got, want, strict=True):
         assert_same(g, w)
-    assert spec.engine.spec_stats()["num_accepted_tokens"] > 0
+    assert spec.engine.speculation_stats()["num_accepted_tokens"] > 0
 
 
 def test_unseeded_sampling_is_reproducible_run_to_run(checkpoint_factory):
@@ -372,7 +372,7 @@ def test_abort_mid_run_releases_everything(checkpoint_factory):
         if step == 6:
             assert engine.abort_request("0") and engine.abort_request("3")
         assert_consistent(engine, mirror)
-    assert engine.spec_stats()["num_accepted_tokens"] > 0
+    assert engine.speculation_stats()["num_accepted_tokens"] > 0
     for i in range(len(PROMPTS)):
         engine.abort_request(str(i))
     assert not engine.has_unfinished_requests()
@@ -400,7 +400,7 @@ def test_kv_rollback_keeps_the_block_manager_consistent_over_many_rounds(checkpo
     while engine.has_unfinished_requests():
         engine.step()
         assert_consistent(engine, mirror)
-    stats = engine.spec_stats()
+    stats = engine.speculation_stats()
     assert stats["num_verify_steps"] > 20
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
     assert engine.scheduler.num_preemptions > 0
@@ -436,7 +436,7 @@ def test_backoff_pauses_a_sequence_whose_drafts_fail(checkpoint_factory):
         llm = make(model_dir, True, spec={**WIDE, "draft_backoff": backoff})
         for got, w in zip(generate(llm, prompts, params), want, strict=True):
             assert_same(got, w)
-        runs[backoff] = llm.engine.spec_stats()
+        runs[backoff] = llm.engine.speculation_stats()
     every, paused = runs[0], runs[2]
     assert every["num_accepted_tokens"] < every["num_drafts"] / 2, "the guesses are mostly rejected"
     assert paused["num_drafts"] < every["num_drafts"] / 2, (paused, every)
@@ -475,13 +475,13 @@ def test_decode_role_of_a_disaggregated_deployment(checkpoint_factory):
     )
     deltas, _ = handoff(prefill, decode, "r", prompt, params)
     assert [t for d in deltas for t in d.new_token_ids] == want.token_ids
-    assert decode.spec_stats()["num_accepted_tokens"] > 0
+    assert decode.speculation_stats()["num_accepted_tokens"] > 0
     assert decode.block_manager.num_free_blocks == 48
 
 
 def test_stats_and_configuration(checkpoint_factory, llama_dir):
-    assert make(llama_dir, False).engine.spec_stats() is None
-    stats = make(llama_dir, True).engine.spec_stats()
+    assert make(llama_dir, False).engine.speculation_stats() is None
+    stats = make(llama_dir, True).engine.speculation_stats()
     assert stats["drafted_per_position"] == [0, 0, 0] and stats["mean_acceptance_length"] is None
     with pytest.raises(RequestError, match="'eagle3' needs 'model'"):
         LLM(str(llama_dir), speculative_config={"method": "eagle3", "num_speculative_tokens": 3})

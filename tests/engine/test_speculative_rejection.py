@@ -4,7 +4,7 @@ own samples, whatever the draft distribution (a deliberately bad one here) or a 
 
 import torch
 
-from workers.engine.spec.rejection import rejection_sample
+from workers.engine.speculative.rejection import rejection_sample
 
 VOCAB = 6
 DRAWS = 20_000

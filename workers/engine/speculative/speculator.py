@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 
 from workers.engine.sequence import Sequence
-from workers.engine.spec.backoff import DraftBackoff
-from workers.engine.spec.config import SpeculativeConfig
-from workers.engine.spec.drafter import Drafter
-from workers.engine.spec.stats import SpecStats
+from workers.engine.speculative.backoff import DraftBackoff
+from workers.engine.speculative.config import SpeculativeConfig
+from workers.engine.speculative.drafter import Drafter
+from workers.engine.speculative.stats import SpeculationStats
 
 
 class NoSpeculation:
@@ -50,7 +50,7 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, drafter: Drafter):
         self.config = config
         self.drafter = drafter
-        self.stats = SpecStats(config.num_speculative_tokens)
+        self.stats = SpeculationStats(config.num_speculative_tokens)
         self.backoff = DraftBackoff(config.draft_backoff)
         # EAGLE-3 drafts from the target's hidden states: each step's rows are handed to it.
         self.feeds_states = drafter.aux_layer_ids is not None

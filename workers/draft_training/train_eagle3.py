@@ -1,6 +1,6 @@
 """Train an EAGLE-3 draft head for a target model:
 
-    python -m workers.spec.train_eagle3 --target DIR --data FILE --out DIR [--steps N] [--ttt 3]
+    python -m workers.draft_training.train_eagle3 --target DIR --data FILE --out DIR [--steps N] [--ttt 3]
 
 1. Responses: every prompt in FILE is answered by the target itself through the engine
    (greedy), so the head learns what the target says, not what a dataset says. FILE is JSON
@@ -12,7 +12,7 @@
    the target's fused state at every position t with the token at t+1 and predicts t+2; step j
    reads its own step j-1 output at t with the token at t+j and predicts t+j+1, attending to
    step 1's entries up to t and to its own earlier steps' entries at t, exactly the context it
-   has when drafting (workers/engine/spec/eagle3.py). The loss is cross-entropy on the
+   has when drafting (workers/engine/speculative/eagle3.py). The loss is cross-entropy on the
    response's tokens, step j weighted 0.8^(j-1).
 4. The draft vocabulary is the `--draft-vocab` tokens the responses use most (d2t / t2d map
    it); the LM head starts from the target's rows for them, the embedding is the target's
@@ -218,7 +218,7 @@ def save_head(head, config: dict, vocab: torch.Tensor, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.spec.train_eagle3", description=__doc__.split("\n\n")[0].strip()
+        prog="python -m workers.draft_training.train_eagle3", description=__doc__.split("\n\n")[0].strip()
     )
     parser.add_argument("--target", type=Path, required=True, help="the target model's directory")
     parser.add_argument("--data", type=Path, required=True, help="JSON lines of prompts (see the module docstring)")
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from workers.engine.config import rope_from
-    from workers.engine.spec.eagle3 import Eagle3Head
+    from workers.engine.speculative.eagle3 import Eagle3Head
     from workers.protocol.tokenizer import Tokenizer
 
     started = time.monotonic()

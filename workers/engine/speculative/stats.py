@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class SpecStats:
+class SpeculationStats:
     def __init__(self, k: int):
         self.num_verify_steps = 0  # engine steps that verified at least one draft
         self.num_drafts = 0  # draft runs verified (one per sequence per such step)

@@ -48,7 +48,7 @@ from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import prepare_linears
 from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.sequence import Sequence
-from workers.engine.spec.drafter import Drafter
+from workers.engine.speculative.drafter import Drafter
 from workers.protocol.draft_models import Eagle3Spec, read_eagle3
 from workers.protocol.model_files import ModelDirectoryError, read_config
 
@@ -79,7 +79,7 @@ def rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
 
 class Eagle3Head(nn.Module):
     """The head's weights and its forward pieces; attention over its context is the caller's
-    (the drafter's causal chunk here, the trainer's unrolled pattern in workers/spec)."""
+    (the drafter's causal chunk here, the trainer's unrolled pattern in workers/draft_training)."""
 
     def __init__(self, spec: Eagle3Spec, rope: RopeConfig, embed_tokens: nn.Embedding | None = None):
         super().__init__()

@@ -6,8 +6,8 @@ import pytest
 
 from workers.engine import RequestError, SamplingParams
 from workers.engine.sequence import Sequence
-from workers.engine.spec import NgramDrafter, SpeculativeConfig, make_drafter
-from workers.engine.spec.ngram import ngram_propose
+from workers.engine.speculative import NgramDrafter, SpeculativeConfig, make_drafter
+from workers.engine.speculative.ngram import ngram_propose
 
 
 def propose(tokens, k=3, min_n=1, max_n=4):

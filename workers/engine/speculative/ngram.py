@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 
 from workers.engine.sequence import Sequence
-from workers.engine.spec.drafter import Drafter
+from workers.engine.speculative.drafter import Drafter
 
 
 def ngram_propose(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

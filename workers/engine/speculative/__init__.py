@@ -8,12 +8,12 @@ runner carry the drafts through one forward pass.
 """
 
 from workers.engine.errors import RequestError
-from workers.engine.spec.backoff import DraftBackoff
-from workers.engine.spec.config import SpeculativeConfig
-from workers.engine.spec.drafter import Drafter
-from workers.engine.spec.ngram import NgramDrafter
-from workers.engine.spec.speculator import NoSpeculation, Speculator
-from workers.engine.spec.stats import SpecStats
+from workers.engine.speculative.backoff import DraftBackoff
+from workers.engine.speculative.config import SpeculativeConfig
+from workers.engine.speculative.drafter import Drafter
+from workers.engine.speculative.ngram import NgramDrafter
+from workers.engine.speculative.speculator import NoSpeculation, Speculator
+from workers.engine.speculative.stats import SpeculationStats
 
 
 def make_drafter(
@@ -28,7 +28,7 @@ def make_drafter(
         raise RequestError(
             f"EAGLE-3 drafting is not built for {target.config.architecture}; use speculative method 'ngram'"
         )
-    from workers.engine.spec.eagle3 import Eagle3Drafter, load_eagle3
+    from workers.engine.speculative.eagle3 import Eagle3Drafter, load_eagle3
 
     head = load_eagle3(config.model, target_config, target.draft_embedding, device, dtype)
     layers = head.spec.aux_layers(target.config.num_layers)
@@ -50,7 +50,7 @@ __all__ = [
     "Drafter",
     "NgramDrafter",
     "NoSpeculation",
-    "SpecStats",
+    "SpeculationStats",
     "SpeculativeConfig",
     "Speculator",
     "make_drafter",

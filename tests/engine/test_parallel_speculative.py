@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.engine.checkpoints import build_eagle3_head
-from tests.engine.test_spec_decode import PROMPTS, assert_same, generate
+from tests.engine.test_speculative_decode import PROMPTS, assert_same, generate
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import ModelLoadError, RequestError
 
@@ -32,7 +32,7 @@ def test_ngram_on_a_parallel_group_gives_the_single_device_tokens(checkpoint_fac
         speculative_config=spec,
     ) as llm:  # fmt: skip
         got = generate(llm, prompts, PARAMS)
-        stats = llm.engine.spec_stats()
+        stats = llm.engine.speculation_stats()
         free = llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
     assert_close(got, want)
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"] and free
@@ -68,7 +68,7 @@ def test_eagle3_on_a_parallel_group_drafts_as_on_one_device(checkpoint_factory, 
     ) as llm:  # fmt: skip
         drafts = first_drafts(llm)
         got = generate(llm, prompts, PARAMS)
-        stats = llm.engine.spec_stats()
+        stats = llm.engine.speculation_stats()
     assert drafts == first_drafts(one) and all(len(d) == 3 for d in drafts)
     assert_close(got, want)
     assert stats["num_drafts"] > 10
