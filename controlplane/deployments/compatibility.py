@@ -22,7 +22,7 @@ from functools import cached_property
 
 from controlplane.common.errors import DomainError
 from controlplane.deployments.models import CachePolicy
-from controlplane.deployments.specs import kv_tiers_spec
+from controlplane.deployments.replica_specs import kv_tiers_spec
 from controlplane.planner import services as planner
 from workers.protocol.architectures import MLA_ARCHITECTURES
 from workers.protocol.model_files import ModelDirectoryError

@@ -13,7 +13,7 @@ from celery import current_app
 from django.db import transaction
 
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.specs import build_spec
+from controlplane.deployments.replica_specs import build_spec
 from controlplane.events.broadcast import publish
 from workers.protocol import control
 

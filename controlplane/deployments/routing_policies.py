@@ -1,7 +1,7 @@
 """The gateway's routing policies by name: what a CachePolicy may choose (its `routing` field's
 choices) and the defaults. The names are owned here, below the gateway, so that the deployments
 models take them without importing the gateway; how each policy picks a replica is
-gateway/routing.py's."""
+gateway/routing/policies.py's."""
 
 ROUND_ROBIN = "round_robin"
 LEAST_LOADED = "least_loaded"

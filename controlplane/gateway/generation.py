@@ -26,11 +26,12 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import failover, quality, ratelimit, router, selectors, tokenization
+from controlplane.gateway import failover, ratelimit, selectors, tokenization
 from controlplane.gateway.core import GatewayError, GenerationRequest
 from controlplane.gateway.core.checks import session_key
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
 from controlplane.gateway.models import ApiKey
+from controlplane.gateway.routing import quality, router
 from controlplane.gateway.services import authenticate
 from workers.protocol.replica import ENGINE_ERROR, AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
 

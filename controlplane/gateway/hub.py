@@ -26,7 +26,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from controlplane.gateway.dispatched import Dispatched
+from controlplane.gateway.routing.dispatched import Dispatched
 from workers.protocol import replica as protocol
 from workers.protocol.replica import AbortMessage, ErrorEvent, Event, GenerateMessage, ReplicaStatus, read_event
 from workers.protocol.wire import ProtocolError

@@ -13,7 +13,8 @@ import logging
 
 from controlplane.deployments import crashes
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.gateway import failover, quality
+from controlplane.gateway import failover
+from controlplane.gateway.routing import quality
 from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaStatus
 from workers.protocol.wire import ProtocolError
@@ -177,7 +178,7 @@ CRASHES = ("switchyard_replica_crashes_total",
            "under before (not counted toward the replica's restart limit).")  # fmt: skip
 
 
-# gateway/quality.py's sums. Achieved hit rate = cached / served input tokens; reachable =
+# gateway/routing/quality.py's sums. Achieved hit rate = cached / served input tokens; reachable =
 # reachable cached / input tokens (of the decisions): a ratio of rates, left to the querier.
 ROUTING_COUNTERS = {
     "decisions": ("switchyard_routing_decisions_total", "Routing decisions made knowing the prompt's token ids."),
@@ -195,7 +196,7 @@ ROUTING_COUNTERS = {
 
 
 def routing_quality(redis_client) -> dict[str, dict[str, int]]:
-    """Every deployment's routing-quality sums (see gateway/quality.py), read in one pipeline."""
+    """Every deployment's routing-quality sums (see gateway/routing/quality.py), read in one pipeline."""
     slugs = list(Deployment.objects.order_by("slug").values_list("slug", flat=True))
     pipe = redis_client.pipeline(transaction=False)
     for slug in slugs:

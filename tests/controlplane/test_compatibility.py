@@ -14,8 +14,8 @@ from controlplane.catalog.models import Model
 from controlplane.common.errors import DomainError
 from controlplane.deployments.compatibility import RULES, ModelShape, refusal
 from controlplane.deployments.models import CachePolicy, Deployment
+from controlplane.deployments.replica_specs import kv_tiers_spec
 from controlplane.deployments.services import create_deployment
-from controlplane.deployments.specs import kv_tiers_spec
 from workers.protocol.model_files import SUPPORTED_ARCHITECTURES
 
 pytestmark = pytest.mark.django_db

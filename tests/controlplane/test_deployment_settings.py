@@ -6,7 +6,7 @@ import pytest
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.deployments.placement import place
-from controlplane.deployments.specs import build_spec
+from controlplane.deployments.replica_specs import build_spec
 from controlplane.inventory.services import register_node
 
 pytestmark = pytest.mark.django_db

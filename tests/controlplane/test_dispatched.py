@@ -14,8 +14,15 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from controlplane.gateway import generation, router, routing
-from controlplane.gateway.dispatched import Dispatched, dispatched_key, recent_key, session_recent_key, sessions_key
+from controlplane.gateway import generation
+from controlplane.gateway.routing import policies, router
+from controlplane.gateway.routing.dispatched import (
+    Dispatched,
+    dispatched_key,
+    recent_key,
+    session_recent_key,
+    sessions_key,
+)
 from workers.protocol.replica import GenerateMessage
 
 pytestmark = pytest.mark.asyncio
@@ -36,7 +43,7 @@ IDLE = [(A, 0, 100), (B, 0, 100)]
 
 async def pick(web: Dispatched, request_id: str, candidates) -> tuple[int, int]:
     """Least loaded among (replica id, reported load, free KV blocks): (chosen, its load before)."""
-    plan = routing.plan(routing.LEAST_LOADED, [routing.Candidate(*c) for c in candidates])
+    plan = policies.plan(policies.LEAST_LOADED, [policies.Candidate(*c) for c in candidates])
     chosen = await web.pick(request_id, plan)
     return chosen.replica_id, chosen.loads[[c[0] for c in candidates].index(chosen.replica_id)]
 
@@ -125,17 +132,17 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     fresh = moved = 0
     for trial in range(150):
         n = rng.randrange(1, 5)
-        cands = [routing.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
+        cands = [policies.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
                  for i in range(n)]  # fmt: skip
         dispatched = [rng.randrange(0, 12) for _ in range(n)]
         for c, count in zip(cands, dispatched, strict=True):
             await sessions.delete(dispatched_key(c.replica_id))
             if count:
                 await sessions.zadd(dispatched_key(c.replica_id), {f"x{j}": 1e12 for j in range(count)})
-        policy = rng.choice(routing.POLICIES)
+        policy = rng.choice(policies.POLICIES)
         session = rng.choice([None, f"s{trial}"])
         bound = rng.choice([None, *(c.replica_id for c in cands)])
-        plan = routing.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 60),
+        plan = policies.plan(policy, cands, session=session, bound_to=bound, prompt_blocks=rng.randrange(0, 60),
                             turn=rng.randrange(0, 7), load_factor=rng.choice([1.0, 1.25, 2.0]),
                             shared_blocks=rng.choice([0, max(c.cached_blocks for c in cands)]))  # fmt: skip
         key, own = None, 0
@@ -168,8 +175,8 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         fresh += plan.fresh
         natural = min(range(len(plan.candidates)), key=lambda i: (plan.base[i], i))  # a keyless turn's home
         home = [c.replica_id for c in plan.candidates].index(bound) if plan.session and bound in sent else natural
-        moved += plan.rebalance and routing._sent_too_many(home, recent, dispatched, math.inf, own, plan.load_factor)
-        expected = plan.candidates[routing.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
+        moved += plan.rebalance and policies._sent_too_many(home, recent, dispatched, math.inf, own, plan.load_factor)
+        expected = plan.candidates[policies.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
                                                 recent=recent, own=own)].replica_id  # fmt: skip
         chosen = await web.pick(f"t{trial}", plan, key, 60, own_key=own_key)
         assert chosen.replica_id == expected, (plan, dispatched, bound, recent, own)
@@ -189,8 +196,8 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     assert moved > 3  # ... and bound sessions or continued keyless turns sent elsewhere
 
 
-def session_plan(key: str, ids=RIDS) -> routing.Plan:
-    return routing.plan(routing.SESSION, [routing.Candidate(r, 0, 100) for r in ids], session=key)
+def session_plan(key: str, ids=RIDS) -> policies.Plan:
+    return policies.plan(policies.SESSION, [policies.Candidate(r, 0, 100) for r in ids], session=key)
 
 
 async def test_concurrent_first_requests_of_one_session_in_two_web_processes_agree(sessions):
@@ -201,8 +208,8 @@ async def test_concurrent_first_requests_of_one_session_in_two_web_processes_agr
     for s in range(20):
         key = f"switchyard:affinity:test-dispatched:fork{s}"
         # differing plans (as each process saw different loads): the binding still decides
-        plans = [session_plan(f"fork{s}"), routing.plan(
-            routing.SESSION_KV_AWARE, [routing.Candidate(r, 0, 100, 30 * (r == RIDS[s % 4])) for r in RIDS],
+        plans = [session_plan(f"fork{s}"), policies.plan(
+            policies.SESSION_KV_AWARE, [policies.Candidate(r, 0, 100, 30 * (r == RIDS[s % 4])) for r in RIDS],
             session=f"fork{s}", prompt_blocks=30)]  # fmt: skip
         picks = await asyncio.gather(*(web.pick(f"f{s}-{i}", plans[i % 2], key, 60)
                                        for i, web in enumerate([web1, web2] * 2)))  # fmt: skip
@@ -288,13 +295,13 @@ async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was
     blocks), so without the rule every new conversation's first turn goes there (40 blocks
     cheaper than anywhere else, all idle). With it each goes where the fewest requests went, and
     a continued conversation's turn (its match past the shared prefix) still goes to its prefix
-    unless other conversations sent that replica over its share (routing.pick's rebalancing)."""
+    unless other conversations sent that replica over its share (policies.pick's rebalancing)."""
     web = Dispatched(sessions)
     home = RIDS[0]
 
-    def first_turn(shared: int) -> routing.Plan:
-        cands = [routing.Candidate(r, 0, 100, 40 if r == home else 0) for r in RIDS]
-        return routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=shared)
+    def first_turn(shared: int) -> policies.Plan:
+        cands = [policies.Candidate(r, 0, 100, 40 if r == home else 0) for r in RIDS]
+        return policies.plan(policies.KV_AWARE, cands, prompt_blocks=60, shared_blocks=shared)
 
     where = []
     for s in range(28):
@@ -304,15 +311,15 @@ async def test_new_keyless_conversations_spread_by_the_requests_each_replica_was
     assert shares == dict.fromkeys(RIDS, 7), shares
     assert [await sessions.zcard(recent_key(r)) for r in RIDS] == [7] * 4
     # without the shared-prefix count (shared_blocks 0) the prompt looks continued: on home, while
-    # home is under its share of recent requests (10 of 31: a fourth would move, see routing.pick)
+    # home is under its share of recent requests (10 of 31: a fourth would move, see policies.pick)
     for s in range(3):
         assert (await web.pick(f"c{s}", first_turn(0), None, 60)).replica_id == home
         await web.done(f"c{s}")
     # a continued turn: its own context (55 blocks) is only on the busiest replica (sent 10 of 31);
     # it stays there while its own conversation brought much of that (moving it would carry it along)
     busiest = shares.most_common(1)[0][0]
-    cands = [routing.Candidate(r, 0, 100, 55 if r == busiest else 40 * (r == home)) for r in RIDS]
-    turn = routing.plan(routing.KV_AWARE, cands, prompt_blocks=60, shared_blocks=0)
+    cands = [policies.Candidate(r, 0, 100, 55 if r == busiest else 40 * (r == home)) for r in RIDS]
+    turn = policies.plan(policies.KV_AWARE, cands, prompt_blocks=60, shared_blocks=0)
     mine = "switchyard:affinity:test-dispatched:conversation"
     await sessions.zadd(mine, {f"mine{j}": 1e12 for j in range(6)})
     stays = await web.pick("turn", turn, None, 60, own_key=mine)
@@ -345,15 +352,15 @@ async def test_keyless_conversation_beginnings_expire_and_are_trimmed(client):
     next registration trims it (the set does not grow with every one-shot prompt)."""
     from types import SimpleNamespace
 
-    from controlplane.gateway.router import Settings, _conversation, conversations_key
+    from controlplane.gateway.routing.router import Settings, _conversation, conversations_key
 
     slug, hub, cfg = "test-conversations", SimpleNamespace(redis=client), Settings(session_ttl=60)
     await client.delete(conversations_key(slug))
-    cands = [routing.Candidate(r, 0, 100, 2 if r == RIDS[0] else 0) for r in RIDS]
-    new = routing.plan(routing.KV_AWARE, cands, prompt_blocks=4, shared_blocks=2)  # past a shared prefix
+    cands = [policies.Candidate(r, 0, 100, 2 if r == RIDS[0] else 0) for r in RIDS]
+    new = policies.plan(policies.KV_AWARE, cands, prompt_blocks=4, shared_blocks=2)  # past a shared prefix
     assert new.fresh and await _conversation(hub, cfg, slug, new, [1, 2, 3, 4], {RIDS[0]: 2}) == 3
-    held = [routing.Candidate(r, 0, 100, 4 if r == RIDS[1] else 0) for r in RIDS]
-    turn = routing.plan(routing.KV_AWARE, held, prompt_blocks=6, shared_blocks=0)
+    held = [policies.Candidate(r, 0, 100, 4 if r == RIDS[1] else 0) for r in RIDS]
+    turn = policies.plan(policies.KV_AWARE, held, prompt_blocks=6, shared_blocks=0)
     assert turn.rebalance and await _conversation(hub, cfg, slug, turn, [1, 2, 3, 4, 5, 6], {RIDS[1]: 4}) == 3
     await client.zadd(conversations_key(slug), {"3": 1.0})  # its TTL passed
     assert await _conversation(hub, cfg, slug, turn, [1, 2, 3, 4, 5, 6], {RIDS[1]: 4}) is None

@@ -10,8 +10,8 @@ from django.test import override_settings
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import CachePolicy, Replica
+from controlplane.deployments.replica_specs import build_spec
 from controlplane.deployments.services import create_deployment
-from controlplane.deployments.specs import build_spec
 from workers.protocol.control import spec_from_wire
 from workers.protocol.replica import KVTiersSpec
 
@@ -112,7 +112,7 @@ def test_the_replica_spec_carries_the_policys_tiers_to_every_role(deployment_wit
 def test_a_store_policy_left_without_the_setting_starts_replicas_without_the_store_and_says_so(deployment_with, caplog):
     with with_store():
         deployment = deployment_with("shared", dram_tier_bytes=1 << 20, store_tier=True)
-    caplog.set_level(logging.WARNING, logger="controlplane.deployments.specs")
+    caplog.set_level(logging.WARNING, logger="controlplane.deployments.replica_specs")
     with with_store(""):
         assert spec_of(deployment).kv_tiers == KVTiersSpec(dram_bytes=1 << 20)
     assert "SWITCHYARD_KV_STORE_MASTER is not set" in caplog.text

@@ -1,4 +1,4 @@
-"""Routing quality made visible: the gateway's sums (gateway/quality.py, written here with its own
+"""Routing quality made visible: the gateway's sums (gateway/routing/quality.py, written here with its own
 functions into real Redis) as Prometheus counters per deployment and as each deployment's
 `routing_quality` in the API, with the hit rates computed from them."""
 
@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.catalog.models import Model
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import quality
+from controlplane.gateway.routing import quality
 from controlplane.telemetry.prometheus import render
 from workers.bench.processes import free_port
 

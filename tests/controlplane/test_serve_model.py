@@ -1,4 +1,4 @@
-"""`manage.py serve_model PATH` (controlplane/deployments/serving.py): a directory the engine
+"""`manage.py serve_model PATH` (controlplane/deployments/serve_directory.py): a directory the engine
 cannot serve is refused with the reason; a good one is registered, validated and deployed under
 its own name, with an API key that may call it; a second run reuses all three; names taken by
 another directory are refused. Waiting for a replica and the call through the gateway: tests/

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.catalog.services import register_model
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.specs import build_spec
+from controlplane.deployments.replica_specs import build_spec
 from tests.engine.checkpoints import build_checkpoint, build_eagle3_head
 from workers.protocol.control import spec_from_wire
 

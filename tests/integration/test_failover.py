@@ -410,8 +410,8 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
     other replica is made to look busier with requests counted against it."""
     from controlplane.deployments.models import Deployment
     from controlplane.gateway import generation
-    from controlplane.gateway.dispatched import dispatched_key
     from controlplane.gateway.hub import ReplicaHub
+    from controlplane.gateway.routing.dispatched import dispatched_key
 
     draining, other = serving(stack["pair"], 2)
     deployment = Deployment.objects.get(pk=stack["pair"])

@@ -59,7 +59,7 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
 
 
 def _dispatched(replica_id: int) -> int:
-    from controlplane.gateway.dispatched import dispatched_key
+    from controlplane.gateway.routing.dispatched import dispatched_key
 
     return redis.Redis.from_url(settings.REDIS_URL).zcard(dispatched_key(replica_id))
 

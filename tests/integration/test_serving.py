@@ -162,7 +162,7 @@ def test_metric_history_points_follow_the_traffic(client, stack, staff_client):
 
 
 def test_a_session_is_bound_to_its_replica_and_its_next_turn_follows_the_binding(client, stack):
-    from controlplane.gateway.router import affinity_key
+    from controlplane.gateway.routing.router import affinity_key
 
     first = client.chat.completions.with_raw_response.create(
         model="demo", messages=QUESTION, max_tokens=2, extra_headers={"x-session-affinity": "conv-42"}

@@ -5,7 +5,7 @@ from rest_framework import serializers
 from controlplane.catalog.models import Model
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
-from controlplane.gateway import quality
+from controlplane.gateway.routing import quality
 
 
 class CachePolicySerializer(serializers.ModelSerializer):
@@ -81,7 +81,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
 
 class RoutingQualitySerializer(serializers.Serializer):
-    """The gateway's routing-quality sums of one deployment (gateway/quality.py), since counting began."""
+    """The gateway's routing-quality sums of one deployment (gateway/routing/quality.py), since counting began."""
 
     decisions = serializers.IntegerField(help_text="routing decisions made knowing the prompt's token ids")
     best_prefix_decisions = serializers.IntegerField(

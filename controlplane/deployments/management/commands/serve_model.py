@@ -5,7 +5,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.deployments import serving
+from controlplane.deployments import serve_directory
 from controlplane.deployments.how_to_call import instructions
 
 
@@ -50,24 +50,24 @@ class Command(BaseCommand):
     def handle(self, path, **options):
         url = options["url"] or default_url()
         url = url if url.endswith("/") else url + "/"
-        deployment_options = {k: options[k] for k in serving.DEPLOYMENT_OPTIONS}
+        deployment_options = {k: options[k] for k in serve_directory.DEPLOYMENT_OPTIONS}
         try:
-            served = serving.serve(path, options["name"], options["user"], deployment_options)
+            served = serve_directory.serve(path, options["name"], options["user"], deployment_options)
             for note in served.notes:
                 self.say(note)
             name = served.deployment.slug
             if not options["no_wait"]:
                 started = time.monotonic()
                 self.say(f"waiting for a replica of {name!r} to be ready (up to {options['wait_timeout']:g} s)")
-                serving.wait_ready(served.deployment, options["wait_timeout"], self.say)
-                if serving.gateway_answers(url):
+                serve_directory.wait_ready(served.deployment, options["wait_timeout"], self.say)
+                if serve_directory.gateway_answers(url):
                     left = max(options["wait_timeout"] - (time.monotonic() - started), 10)
-                    serving.wait_answers(url, served.api_key, name, left)
+                    serve_directory.wait_answers(url, served.api_key, name, left)
                     self.say(f"{name!r} answered a completion through {url} after {time.monotonic() - started:.0f} s")
                 else:
                     self.say(f"{name!r} is ready, but no gateway answers at {url} (start it with `make run`, or "
                              "give --url)")  # fmt: skip
-        except serving.ServeError as exc:
+        except serve_directory.ServeError as exc:
             raise CommandError(str(exc)) from None
         if not options["no_instructions"]:
             self.stdout.write("\n" + instructions(url, served.api_key, name))

@@ -19,7 +19,7 @@ import logging
 
 import redis.asyncio as aioredis
 
-from controlplane.gateway import routing
+from controlplane.gateway.routing import policies
 
 log = logging.getLogger(__name__)
 FIELDS = (
@@ -37,10 +37,10 @@ def quality_key(deployment: str) -> str:
     return f"switchyard:routing:{deployment}:quality"
 
 
-async def record(client: aioredis.Redis, deployment: str, plan: routing.Plan, picked, cached: dict[int, int],
+async def record(client: aioredis.Redis, deployment: str, plan: policies.Plan, picked, cached: dict[int, int],
                  input_tokens: int, block_size: int) -> None:  # fmt: skip
     """Count one decision (`picked`: dispatched.Pick; `cached`: leading prompt blocks per replica)."""
-    cap = routing.load_cap(picked.loads, plan.load_factor)
+    cap = policies.load_cap(picked.loads, plan.load_factor)
     eligible = [c.replica_id for c, load in zip(plan.candidates, picked.loads, strict=True) if load < cap]
     best = max((cached.get(c.replica_id, 0) for c in plan.candidates), default=0)
     chosen = cached.get(picked.replica_id, 0)

@@ -6,7 +6,7 @@ heartbeat sees every replica idle and, routed on the heartbeat alone, lands on o
 router therefore picks on `max(reported, dispatched)`: each is a lower bound of what the replica
 has to do (the report lags; the count misses work that did not come through a gateway), and
 the pick, the increment and a session's (re)binding happen in one Lua script (the rule is
-`routing.pick`), so concurrent pickers in any number of web processes see each other's choices
+`policies.pick`), so concurrent pickers in any number of web processes see each other's choices
 and concurrent first requests of one session agree on its replica.
 
 Per replica, a sorted set `switchyard:replica:<id>:dispatched` holds request ids scored by when
@@ -15,7 +15,7 @@ dispatched a request removes its entry when the request ends in any way (finishe
 aborted by the client, its replica gone) and pushes the expiry of its open requests forward
 every REFRESH_SECONDS; the entries of a web process that died expire within TTL_SECONDS. A
 sorted set `switchyard:replica:<id>:sessions` holds the session keys bound to the replica,
-scored by when each binding expires (the session bound of `routing.pick`), and
+scored by when each binding expires (the session bound of `policies.pick`), and
 `switchyard:replica:<id>:recent` the requests a KV-aware or session policy sent it, each for
 `routing.RECENT_SECONDS` (where new conversations go, and when a bound session moves), and
 `switchyard:affinity-recent:<deployment>:<key>` a session key's own.
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from controlplane.gateway import routing
-from controlplane.gateway.routing import Plan
+from controlplane.gateway.routing import policies
+from controlplane.gateway.routing.policies import Plan
 
 log = logging.getLogger(__name__)
 TTL_SECONDS = 30
 REFRESH_SECONDS = 10
 
-# The atomic step of `routing.pick` (keep the two in step: tests compare them). KEYS: the
+# The atomic step of `policies.pick` (keep the two in step: tests compare them). KEYS: the
 # candidates' dispatched sets, then, if ARGV[5] is 1, the candidates' session sets and the
 # session's affinity key, then, if ARGV[8] is not 0, the candidates' recent sets, then, if ARGV[11]
 # is 1, the recent set of the request's own session or keyless conversation. ARGV: request id,
@@ -46,7 +46,7 @@ REFRESH_SECONDS = 10
 # replica's recent requests), has an own set, then per candidate its replica id, reported load,
 # free KV blocks and base cost.
 # Drops expired entries; a bound session's replica wins while under the load cap and not sent
-# too many lately (`routing._sent_too_many`), else the lowest base + weight * load among those
+# too many lately (`policies._sent_too_many`), else the lowest base + weight * load among those
 # under the load cap (a session placed anew: and under the session cap, unless none is; placed
 # anew, or a keyless turn whose cheapest replica was sent too many: the fewest recent requests
 # first; ties: most free KV blocks, then the first); adds the request to it (and to its and the
@@ -244,9 +244,20 @@ class Dispatched:
         else:
             own_key = None
         recent = (2 if plan.fresh else 1) if plan.recent else 0
-        rebalance = routing.MIN_RECENT_CAP if plan.rebalance else 0
-        args = [request_id, self.ttl, plan.weight, plan.load_factor, int(affinity_key is not None), max(ttl, 1),
-                routing.MIN_LOAD_CAP, recent, routing.RECENT_SECONDS, rebalance, int(own_key is not None)]  # fmt: skip
+        rebalance = policies.MIN_RECENT_CAP if plan.rebalance else 0
+        args = [
+            request_id,
+            self.ttl,
+            plan.weight,
+            plan.load_factor,
+            int(affinity_key is not None),
+            max(ttl, 1),
+            policies.MIN_LOAD_CAP,
+            recent,
+            policies.RECENT_SECONDS,
+            rebalance,
+            int(own_key is not None),
+        ]
         for c, base in zip(plan.candidates, plan.base, strict=True):
             args += [c.replica_id, c.reported_load, c.free_blocks, base]
         index, kept, spread, *loads = await self._pick(keys=keys, args=args)

@@ -1,10 +1,10 @@
-"""Which replica serves a request, and why: the facts for `routing.py`'s policies, gathered.
+"""Which replica serves a request, and why: the facts for the routing policies (`policies.py`), gathered.
 
 For one request the router reads, in a few Redis round trips: the ready replicas' heartbeats
 (stale ones are skipped), the session key's binding, the blocks of the prompt each replica holds
 (`workers.protocol.kv_blocks`, when the policy is KV-aware and the gateway has the prompt's
 token ids), for a keyless prompt how many earlier prompts' cached prefixes ended where its own
-does (a shared prefix: `routing.shared_prefix`), and the round-robin turn. `routing.plan` turns
+does (a shared prefix: `policies.shared_prefix`), and the round-robin turn. `policies.plan` turns
 them into a plan; the pick itself, the count of the request against the replica and the
 session's (re)binding are one atomic step in Redis (`dispatched.py`). The choice is explained
 in `x-switchyard-route-reason` and the prefix the replica should find cached in
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from controlplane.deployments import routing_policies
 from controlplane.deployments.models import CachePolicy, Deployment
-from controlplane.gateway import quality, routing
 from controlplane.gateway.hub import ReplicaHub
+from controlplane.gateway.routing import policies, quality
 from workers.protocol import kv_blocks
 from workers.protocol.replica import ReplicaStatus
 
@@ -91,10 +91,10 @@ def conversation_recent_key(deployment: str, block_hash: int) -> str:
     return f"switchyard:routing:{deployment}:conversation:{block_hash}:recent"
 
 
-async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: routing.Plan, hashes: list[int],
+async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: policies.Plan, hashes: list[int],
                         cached: dict[int, int]) -> int | None:  # fmt: skip
     """A keyless prompt's conversation, as the block it began at, so that its requests count as
-    one conversation's (a session key's stand-in for `routing.pick`'s rebalancing). A new
+    one conversation's (a session key's stand-in for `policies.pick`'s rebalancing). A new
     conversation begins at its first block past the longest cached prefix (registered here for
     the session TTL: a sorted set scored by expiry, trimmed as it is written); a continued one at
     the deepest live beginning its prompt holds (a sub-agent forked from a parent's context
@@ -116,7 +116,7 @@ async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: routing
 
 
 async def _shared_blocks(hub: ReplicaHub, cfg: Settings, slug: str, hashes: list[int], cached: dict[int, int]) -> int:
-    """How many of the prompt's leading blocks many conversations share (`routing.shared_prefix`),
+    """How many of the prompt's leading blocks many conversations share (`policies.shared_prefix`),
     counting this prompt among those whose longest cached prefix ended at that block (each count
     lives for the session TTL after its last prompt)."""
     best = max(cached.values(), default=0)
@@ -127,7 +127,7 @@ async def _shared_blocks(hub: ReplicaHub, cfg: Settings, slug: str, hashes: list
         pipe.incr(key)
         pipe.expire(key, max(cfg.session_ttl, 1))
         count, _ = await pipe.execute()
-    return routing.shared_prefix(best, int(count) - 1)
+    return policies.shared_prefix(best, int(count) - 1)
 
 
 Live = list[tuple[int, ReplicaStatus]]
@@ -164,11 +164,11 @@ async def _facts(hub: ReplicaHub, cfg: Settings, slug: str, ids: list[int], sess
     """The session's binding and the round-robin turn (each read only when the policy uses it),
     and the leading prompt blocks each replica holds."""
     bound = cached = turn = None
-    if session is not None and cfg.policy in (routing.SESSION, routing.SESSION_KV_AWARE):
+    if session is not None and cfg.policy in (policies.SESSION, policies.SESSION_KV_AWARE):
         bound = await hub.redis.get(affinity_key(slug, session))
     if hashes:  # every policy: the prediction header and the quality counters need it too
         cached = await kv_blocks.cached_blocks(hub.redis, ids, hashes)
-    if cfg.policy == routing.ROUND_ROBIN:
+    if cfg.policy == policies.ROUND_ROBIN:
         turn = await hub.redis.incr(round_robin_key(slug))
     bound_to = int(bound) if bound is not None and str(bound).isdigit() else None
     return bound_to, cached or {}, int(turn or 0)
@@ -204,11 +204,11 @@ async def choose(
     hashes = kv_blocks.prefix_hashes(prompt_ids, block_size) if prompt_ids and cfg.prefix_caching else []
     live_ids = [rid for rid, _ in live]
     bound_to, cached, turn = await _facts(hub, cfg, deployment.slug, live_ids, session, hashes)
-    views = [routing.Candidate(rid, *_decode_load(st), cached.get(rid, 0)) for rid, st in live]
+    views = [policies.Candidate(rid, *_decode_load(st), cached.get(rid, 0)) for rid, st in live]
     shared = 0
-    if hashes and (cfg.policy == routing.KV_AWARE or (cfg.policy == routing.SESSION_KV_AWARE and session is None)):
+    if hashes and (cfg.policy == policies.KV_AWARE or (cfg.policy == policies.SESSION_KV_AWARE and session is None)):
         shared = await _shared_blocks(hub, cfg, deployment.slug, hashes, cached)
-    plan = routing.plan(cfg.policy, views, session=session, bound_to=bound_to, prompt_blocks=len(hashes),
+    plan = policies.plan(cfg.policy, views, session=session, bound_to=bound_to, prompt_blocks=len(hashes),
                         turn=turn, load_factor=cfg.load_factor, shared_blocks=shared)  # fmt: skip
     key = affinity_key(deployment.slug, session) if plan.session is not None else None
     own = None
