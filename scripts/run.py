@@ -145,8 +145,9 @@ class Supervisor:
         """SIGTERM the named processes (default: all left), wait up to `timeout` seconds, SIGKILL
         what is still there. Nothing is restarted after this."""
         self.stopped = True
-        running = [s.proc for s in self.services
-                   if (names is None or s.name in names) and s.proc and s.proc.poll() is None]  # fmt: skip
+        running = [
+            s.proc for s in self.services if (names is None or s.name in names) and s.proc and s.proc.poll() is None
+        ]
         for p in running:
             p.terminate()
         deadline = time.monotonic() + timeout
@@ -238,8 +239,10 @@ def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
         log(f"KV store: off ({exc})")
         return None
     if _listening(port):
-        log(f"KV store: off (port {port} is taken; set KV_STORE_PORT to a free one, or SWITCHYARD_KV_STORE_MASTER "
-            "to a running mooncake_master)")  # fmt: skip
+        log(
+            f"KV store: off (port {port} is taken; set KV_STORE_PORT to a free one, or SWITCHYARD_KV_STORE_MASTER "
+            "to a running mooncake_master)"
+        )
         return None
     # Its HTTP metrics port is of no use here: any free one.
     metrics_port = free_port()
@@ -247,8 +250,10 @@ def ensure_kv_store(sup: Supervisor, logs_dir: Path) -> str | None:
     sup.start("kvstore", args, logs_dir / "kvstore.log")
     address = f"127.0.0.1:{port}"
     if not wait(lambda: _listening(port), 10, sup, interval=0.1):
-        log(f"KV store: mooncake_master did not listen on {address} within 10 s; see {logs_dir / 'kvstore.log'} "
-            "(it is restarted like the other processes)")  # fmt: skip
+        log(
+            f"KV store: mooncake_master did not listen on {address} within 10 s; see {logs_dir / 'kvstore.log'} "
+            "(it is restarted like the other processes)"
+        )
     else:
         log(f"started kvstore: mooncake_master on {address} (log: {logs_dir / 'kvstore.log'})")
     # The pool's memory: replicas lend none by default (KV_STORE_SEGMENT_BYTES=0), so that a
@@ -298,8 +303,7 @@ def bootstrap(previous: dict | None, log_path: Path, serve: str | None = None) -
     (None, what went wrong)."""
     args = [PY, "-m", "scripts.bootstrap", *(["--serve", serve] if serve else [])]
     with log_path.open("a") as err:
-        done = subprocess.run(args, cwd=ROOT, input=json.dumps(previous), stdout=subprocess.PIPE, stderr=err,
-                              text=True)  # fmt: skip
+        done = subprocess.run(args, cwd=ROOT, input=json.dumps(previous), stdout=subprocess.PIPE, stderr=err, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
@@ -556,8 +560,9 @@ def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> in
     return forever(sup)
 
 
-def print_running(url: str, user: str, password: str | None, api_key: str, run_file: Path, logs_dir: Path,
-                  how_to_call: str) -> None:  # fmt: skip
+def print_running(
+    url: str, user: str, password: str | None, api_key: str, run_file: Path, logs_dir: Path, how_to_call: str
+) -> None:
     # create_token must find this run's database: the same state directory (or DATABASE_URL)
     state_env = "".join(f"{name}={shlex.quote(os.environ[name])} " for name in ("SWITCHYARD_STATE_DIR", "DATABASE_URL")
                         if os.environ.get(name))  # fmt: skip

@@ -15,8 +15,9 @@ def test_make_check_needs_no_database():
     """`make check` runs cleanly whether or not TEST_DATABASE_URL's database exists (it used to
     warn that it did not: nothing creates it)."""
     missing = f"postgres://postgres@127.0.0.1:5432/nope_{uuid.uuid4().hex[:8]}"
-    plan = subprocess.run(["make", "-n", "check", f"TEST_DATABASE_URL={missing}"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
+    plan = subprocess.run(
+        ["make", "-n", "check", f"TEST_DATABASE_URL={missing}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     commands = [line for line in plan.splitlines() if "manage.py" in line]
     assert len(commands) == 2, plan
     for command in commands:

@@ -39,8 +39,9 @@ def exception_handler(exc, context):
         # through a slug field, a path or a query; a number past the column's range): the
         # caller's input, not a server failure.
         reason = (str(exc).strip().splitlines() or ["invalid value"])[0]
-        return drf_exception_handler(UnusableValue(f"The request holds a value the database refuses: {reason}."),
-                                     context)  # fmt: skip
+        return drf_exception_handler(
+            UnusableValue(f"The request holds a value the database refuses: {reason}."), context
+        )
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         return drf_exception_handler(exceptions.ValidationError(detail), context)

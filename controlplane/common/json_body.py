@@ -34,8 +34,9 @@ class BodyError(Exception):
 def too_large(size: int | None = None) -> BodyError:
     limit = settings.MAX_REQUEST_BYTES
     got = f"is {size} bytes" if size is not None else "is larger than that"
-    return BodyError(f"Request bodies are limited to {limit} bytes; this one {got}.", status=413,
-                     code="request_too_large")  # fmt: skip
+    return BodyError(
+        f"Request bodies are limited to {limit} bytes; this one {got}.", status=413, code="request_too_large"
+    )
 
 
 def load(raw: bytes | str):
@@ -48,8 +49,9 @@ def load(raw: bytes | str):
     except RecursionError:
         raise _too_deep() from None
     except json.JSONDecodeError as exc:
-        raise BodyError(f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") \
-            from None  # fmt: skip
+        raise BodyError(
+            f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
+        ) from None
     except UnicodeDecodeError:
         raise BodyError("The request body is not valid UTF-8 text.") from None
     except ValueError:  # an integer literal past Python's 4300-digit limit

@@ -38,8 +38,9 @@ def read_only(view):
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         if request.method not in SAFE_METHODS:
-            response = json_error(request, 405, f"Method {request.method} is not allowed on {request.path}.",
-                                  "method_not_allowed")  # fmt: skip
+            response = json_error(
+                request, 405, f"Method {request.method} is not allowed on {request.path}.", "method_not_allowed"
+            )
             response["Allow"] = ", ".join(SAFE_METHODS)
             return response
         return view(request, *args, **kwargs)

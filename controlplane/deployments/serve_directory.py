@@ -54,13 +54,17 @@ def check_directory(path: str | Path) -> Path:
     if not directory.exists():
         raise ServeError(f"{path}: no such directory")
     if not directory.is_dir():
-        raise ServeError(f"{path} is not a directory (give the Hugging Face model directory: config.json, "
-                         "tokenizer.json and *.safetensors)")  # fmt: skip
+        raise ServeError(
+            f"{path} is not a directory (give the Hugging Face model directory: config.json, "
+            "tokenizer.json and *.safetensors)"
+        )
     directory = directory.resolve()
     try:
         if is_eagle3(validation.read_config(directory)):
-            raise ServeError(f"{directory} is an EAGLE-3 draft head: it is not served on its own; serve its target "
-                             "model, then give the deployment this head as its draft_model")  # fmt: skip
+            raise ServeError(
+                f"{directory} is an EAGLE-3 draft head: it is not served on its own; serve its target "
+                "model, then give the deployment this head as its draft_model"
+            )
         validation.inspect_directory(directory)
     except validation.ModelDirectoryError as exc:
         raise ServeError(f"{directory} cannot be served: {exc}") from None
@@ -86,8 +90,9 @@ def operator(username: str | None):
         return user
     user = users.filter(username="admin").first() or users.filter(is_superuser=True).order_by("pk").first()
     if user is None:
-        raise ServeError("no admin user yet: run `make run` once (it creates one), `manage.py createsuperuser`, "
-                         "or pass --user")  # fmt: skip
+        raise ServeError(
+            "no admin user yet: run `make run` once (it creates one), `manage.py createsuperuser`, or pass --user"
+        )
     return user
 
 
@@ -96,8 +101,10 @@ def ensure_model(directory: Path, name: str, user) -> tuple[Model, list[str]]:
     model = Model.objects.filter(name=name).first()
     notes = []
     if model is not None and (model.source_type != Model.Source.LOCAL or Path(model.source).resolve() != directory):
-        raise ServeError(f"a model named {name!r} is already registered from {model.source}; pass --name to serve "
-                         f"{directory} under another name")  # fmt: skip
+        raise ServeError(
+            f"a model named {name!r} is already registered from {model.source}; pass --name to serve "
+            f"{directory} under another name"
+        )
     if model is None:
         try:
             model = register_model(name=name, source=str(directory), actor=user)
@@ -121,8 +128,10 @@ def ensure_deployment(model: Model, name: str, user, options: dict) -> tuple[Dep
             dep = deployments.create_deployment({"slug": name, "model": model, "replicas": 1, **options}, actor=user)
             return dep, [f"created deployment {name!r}"]
         if dep.model_id != model.pk:
-            raise ServeError(f"deployment {name!r} already serves model {dep.model.name!r} ({dep.model.source}); "
-                             "pass --name to choose another name")  # fmt: skip
+            raise ServeError(
+                f"deployment {name!r} already serves model {dep.model.name!r} ({dep.model.source}); "
+                "pass --name to choose another name"
+            )
         notes = [f"reusing deployment {name!r}"]
         changed = {k: v for k, v in options.items() if getattr(dep, k) != v}
         if changed:
@@ -154,8 +163,9 @@ def ensure_api_key(user, dep: Deployment) -> tuple[str, list[str]]:
         except (OSError, ValueError, AttributeError):
             continue
         key = authenticate(secret) if isinstance(secret, str) else None
-        if key is not None and (not key.allowed_deployments.exists() or key.allowed_deployments.filter(pk=dep.pk)
-                                .exists()):  # fmt: skip
+        if key is not None and (
+            not key.allowed_deployments.exists() or key.allowed_deployments.filter(pk=dep.pk).exists()
+        ):
             return secret, []
     _, secret = create_api_key(name=KEY_NAME, owner=user, actor=user)
     path = _key_files()[1]
@@ -229,13 +239,17 @@ def wait_ready(dep: Deployment, timeout: float, say: Callable[[str], None], ever
         elapsed = time.monotonic() - start
         if dep.failed_at is not None:
             failed = [r for r in replicas if r.state == Replica.State.FAILED][-1:]
-            raise ServeError(f"deployment {dep.slug!r} gave up starting replicas: {dep.failed_reason}"
-                             + "".join(_logs_hint(r) for r in failed))  # fmt: skip
+            raise ServeError(
+                f"deployment {dep.slug!r} gave up starting replicas: {dep.failed_reason}"
+                + "".join(_logs_hint(r) for r in failed)
+            )
         if elapsed > timeout:
             states = "; ".join(_describe(r) + _logs_hint(r) for r in replicas) or "no replica was created"
             placement = f"; {dep.placement_error}" if dep.placement_error else ""
-            raise ServeError(f"no replica of {dep.slug!r} was ready within {timeout:g} s ({states}{placement}); "
-                             "raise --wait-timeout for a large model")  # fmt: skip
+            raise ServeError(
+                f"no replica of {dep.slug!r} was ready within {timeout:g} s ({states}{placement}); "
+                "raise --wait-timeout for a large model"
+            )
         if time.monotonic() > next_summary:
             next_summary += every
             waiting = dep.placement_error or ", ".join(_describe(r) for r in replicas) or "no replica placed yet"

@@ -103,10 +103,7 @@ def validate_parallel(data: dict) -> None:
     need = tp * pp
     if need == 1:
         return
-    sizes = [
-        node.devices.filter(health=Device.Health.HEALTHY).count()
-        for node in placeable_nodes()
-    ]  # fmt: skip
+    sizes = [node.devices.filter(health=Device.Health.HEALTHY).count() for node in placeable_nodes()]
     if sizes and max(sizes) < need:
         raise DomainError(
             f"tensor_parallel {tp} x pipeline_parallel {pp} needs {need} devices on one node; the largest "

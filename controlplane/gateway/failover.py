@@ -105,8 +105,9 @@ class Losses:
     def replicas(self) -> list[int]:
         return [entry["replica"] for entry in self.lost]
 
-    async def mark_suspect(self, client: aioredis.Redis, replica_id: int, incarnation: str | None,
-                           attempt_id: str) -> None:  # fmt: skip
+    async def mark_suspect(
+        self, client: aioredis.Redis, replica_id: int, incarnation: str | None, attempt_id: str
+    ) -> None:
         """Before the request goes to `replica_id` after a loss: written first, so the replica
         cannot die of it unattributed. Without an incarnation to key it by (a replica too old to
         report one) or with Redis away, it is sent unmarked: a death of it then counts."""

@@ -178,8 +178,9 @@ class Generation:
         old = self.stream  # closed (aborted, uncounted) when it reported the loss
         self.losses.add(old.replica_id, old.incarnation)
         if self.losses.poisoned:
-            raise await _poisoned(old.hub, self.deployment, self.losses, lost,
-                                  len(progress.output_ids) if progress is not None else 0)  # fmt: skip
+            raise await _poisoned(
+                old.hub, self.deployment, self.losses, lost, len(progress.output_ids) if progress is not None else 0
+            )
         if progress is None or not progress.can_resume():
             return False
         progress.failed_replicas.add(old.replica_id)
@@ -216,8 +217,9 @@ class Generation:
         note = {"from_replica": old.replica_id, "to_replica": route.replica_id, "after_tokens": after}
         progress.resumed.append(note)
         await failover.count(old.hub.redis, self.deployment, "resumed")
-        await failover.record("request.resumed", self.deployment,
-                              {"request_id": self.request_id, **note, "problem": lost.message})  # fmt: skip
+        await failover.record(
+            "request.resumed", self.deployment, {"request_id": self.request_id, **note, "problem": lost.message}
+        )
         return True
 
     def timings(self) -> dict:
@@ -264,8 +266,9 @@ async def _place(
     for _ in range(ATTEMPTS):
         request_id = new_id()
         try:
-            route = await router.choose(hub, deployment, candidates, request_id, session, frozenset(tried),
-                                        message.prompt_token_ids)  # fmt: skip
+            route = await router.choose(
+                hub, deployment, candidates, request_id, session, frozenset(tried), message.prompt_token_ids
+            )
             sent = replace(message, prefill_replica=route.prefill_replica_id)
             if losses.lost:
                 await losses.mark_suspect(hub.redis, route.replica_id, route.incarnation, request_id)
@@ -307,8 +310,9 @@ class PoisonRequest(GatewayError):
     """A request lost with a second replica: ended, never resumed (`_poisoned`)."""
 
 
-async def _poisoned(hub: ReplicaHub, deployment: Deployment, losses: failover.Losses, lost: ErrorEvent,
-                    after_tokens: int) -> PoisonRequest:  # fmt: skip
+async def _poisoned(
+    hub: ReplicaHub, deployment: Deployment, losses: failover.Losses, lost: ErrorEvent, after_tokens: int
+) -> PoisonRequest:
     """A second replica was lost with the request in flight: it is not sent to a third (it may be
     what kills them). Counted and recorded; the error to end it with."""
     rid = losses.request_id or lost.id
@@ -337,8 +341,9 @@ def _no_ready_replica(exc: router.NoReadyReplica) -> GatewayError:
                         code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
 
 
-def session_of(deployment: Deployment, req: GenerationRequest, headers: Mapping[str, str] | None,
-               session: str | None) -> str | None:  # fmt: skip
+def session_of(
+    deployment: Deployment, req: GenerationRequest, headers: Mapping[str, str] | None, session: str | None
+) -> str | None:
     """The request's session key: `prompt_cache_key` in the body, the websocket's `session`, or
     the header the deployment's cache policy names (default `x-session-affinity`)."""
     if req.prompt_cache_key is not None:
@@ -350,8 +355,9 @@ def session_of(deployment: Deployment, req: GenerationRequest, headers: Mapping[
     return session_key((headers or {}).get(header) or None, header)
 
 
-async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, str] | None = None,
-                session: str | None = None) -> Generation:  # fmt: skip
+async def start(
+    req: GenerationRequest, caller: Caller, headers: Mapping[str, str] | None = None, session: str | None = None
+) -> Generation:
     """Admit `req`: `headers` are the HTTP request's (the session header is read from them),
     `session` a websocket request's session key."""
     hub = get_hub()
@@ -369,8 +375,9 @@ async def start(req: GenerationRequest, caller: Caller, headers: Mapping[str, st
     if resumable and message.prompt_token_ids is None:  # untokenised: to resume it elsewhere, ask for them
         message.return_prompt_token_ids = True
     losses = failover.Losses()
-    route, stream, first = await _place(hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}",
-                                        session, losses=losses)  # fmt: skip
+    route, stream, first = await _place(
+        hub, deployment, candidates, message, lambda: f"{prefix}-{uuid.uuid4().hex}", session, losses=losses
+    )
     if not isinstance(first, AcceptedEvent):
         raise _refusal(req, first)
     losses.request_id = stream.request_id

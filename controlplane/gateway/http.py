@@ -39,8 +39,10 @@ def api_view(methods: tuple[str, ...] = ("POST",), render: Render = GatewayError
     def wrap(view):
         async def handler(request, *args, **kwargs):
             if request.method not in methods:
-                return error_response(GatewayError(405, f"Use {' or '.join(methods)} on {request.path}.",
-                                                   code="method_not_allowed"), render)  # fmt: skip
+                return error_response(
+                    GatewayError(405, f"Use {' or '.join(methods)} on {request.path}.", code="method_not_allowed"),
+                    render,
+                )
             try:
                 return await view(request, *args, **kwargs)
             except GatewayError as exc:

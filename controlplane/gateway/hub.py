@@ -164,8 +164,9 @@ class ReplicaHub:
             return read_event(data)
         except ProtocolError as exc:
             log.warning("unreadable event for %s: %s", data.get("id"), exc)
-            return ErrorEvent(data["id"], 502, f"the replica sent an event this gateway cannot read ({exc})",
-                              code="replica_error")  # fmt: skip
+            return ErrorEvent(
+                data["id"], 502, f"the replica sent an event this gateway cannot read ({exc})", code="replica_error"
+            )
 
     def _fail_open_streams(self, exc: Exception) -> None:
         """Every request waiting for replies may have lost some: end each with an error event
@@ -173,8 +174,9 @@ class ReplicaHub:
         The stream counts as finished, so no abort is sent: a replica that kept Redis (only this
         connection dropped) finishes the request unheard."""
         for request_id, queue in list(self.queues.items()):
-            queue.put_nowait(ErrorEvent(request_id, 503, f"lost the connection to the request broker ({exc})",
-                                        code=BROKER_LOST))  # fmt: skip
+            queue.put_nowait(
+                ErrorEvent(request_id, 503, f"lost the connection to the request broker ({exc})", code=BROKER_LOST)
+            )
 
     async def submit(
         self, replica_id: int, request_id: str, message: GenerateMessage, incarnation: str | None

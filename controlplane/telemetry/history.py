@@ -54,11 +54,13 @@ def _add_hist(acc: dict | None, h: dict) -> dict:
 def replica_counters(metrics: dict, load: dict) -> dict:
     """What one replica process has counted since it started (its counters only grow)."""
     spec = metrics.get("speculative") if isinstance(metrics.get("speculative"), dict) else {}
-    counters = {"generation_tokens": metrics.get("generation_tokens", 0),
-                "prefix_cache_hits": load.get("prefix_cache_hits", 0),
-                "prefix_cache_queries": load.get("prefix_cache_queries", 0),
-                "spec_drafts": spec.get("num_drafts", 0),
-                "spec_accepted": sum(spec.get("accepted_per_position") or [])}  # fmt: skip
+    counters = {
+        "generation_tokens": metrics.get("generation_tokens", 0),
+        "prefix_cache_hits": load.get("prefix_cache_hits", 0),
+        "prefix_cache_queries": load.get("prefix_cache_queries", 0),
+        "spec_drafts": spec.get("num_drafts", 0),
+        "spec_accepted": sum(spec.get("accepted_per_position") or []),
+    }
     for name, key in HISTOGRAMS.items():
         if key in metrics:
             counters[name] = {"buckets": list(metrics[key]["buckets"]), "counts": list(metrics[key]["counts"])}

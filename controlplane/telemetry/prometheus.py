@@ -108,8 +108,10 @@ TIER_SERIES = {
                        "The tier's byte budget (the store: its capacity)."),
     "available": ("switchyard_kv_tier_available", "gauge", "1 while the tier can be reached."),
 }  # fmt: skip
-TIER_BLOCKS_LOADED = ("switchyard_kv_tier_blocks_loaded_total",
-                      "Prompt blocks admissions took from the tier instead of computing them.")  # fmt: skip
+TIER_BLOCKS_LOADED = (
+    "switchyard_kv_tier_blocks_loaded_total",
+    "Prompt blocks admissions took from the tier instead of computing them.",
+)
 TIERS_SERIES = {
     "load_seconds": ("switchyard_kv_tier_load_seconds_total", "counter", "Time the store and disk loads took."),
     "dropped_writes": ("switchyard_kv_tier_dropped_writes_total", "counter",
@@ -173,9 +175,11 @@ FAILOVER_COUNTERS = {
     "poison": ("switchyard_poison_requests_total",
                "Requests failed, not resumed, after a second replica was lost under them (suspected of killing them)."),
 }  # fmt: skip
-CRASHES = ("switchyard_replica_crashes_total",
-           "Replica processes that exited unexpectedly; attributed: with a request in flight that a replica had died "
-           "under before (not counted toward the replica's restart limit).")  # fmt: skip
+CRASHES = (
+    "switchyard_replica_crashes_total",
+    "Replica processes that exited unexpectedly; attributed: with a request in flight that a replica had died "
+    "under before (not counted toward the replica's restart limit).",
+)
 
 
 # gateway/routing/quality.py's sums. Achieved hit rate = cached / served input tokens; reachable =
@@ -201,8 +205,10 @@ def routing_quality(redis_client) -> dict[str, dict[str, int]]:
     pipe = redis_client.pipeline(transaction=False)
     for slug in slugs:
         pipe.hgetall(quality.quality_key(slug))
-    return {slug: {name: int(raw.get(name, 0)) for name in quality.FIELDS}
-            for slug, raw in zip(slugs, pipe.execute(), strict=True)}  # fmt: skip
+    return {
+        slug: {name: int(raw.get(name, 0)) for name in quality.FIELDS}
+        for slug, raw in zip(slugs, pipe.execute(), strict=True)
+    }
 
 
 def replica_statuses(redis_client) -> list[tuple[Replica, ReplicaStatus | None]]:
@@ -236,11 +242,14 @@ def render(redis_client) -> str:
         for key, (name, help_text) in COUNTERS.items():
             if key in metrics:
                 exp.add(name, "counter", help_text, labels, metrics[key])
-        for key, name in (("ttft_seconds", "switchyard_time_to_first_token_seconds"),
-                          ("itl_seconds", "switchyard_inter_token_latency_seconds")):  # fmt: skip
+        for key, name in (
+            ("ttft_seconds", "switchyard_time_to_first_token_seconds"),
+            ("itl_seconds", "switchyard_inter_token_latency_seconds"),
+        ):
             if key in metrics:
-                exp.histogram(name, f"{name.removeprefix('switchyard_').replace('_', ' ')} per request", labels,
-                              metrics[key])  # fmt: skip
+                exp.histogram(
+                    name, f"{name.removeprefix('switchyard_').replace('_', ' ')} per request", labels, metrics[key]
+                )
         for table, source, kind in ((GAUGES, load, "gauge"), (CACHE_COUNTERS, load, "counter"),
                                     (KV_COUNTERS, load.get("kv_transfer") or {}, "counter")):  # fmt: skip
             for key, (name, help_text) in table.items():

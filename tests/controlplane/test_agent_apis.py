@@ -28,8 +28,10 @@ from workers.protocol.replica import DeltaEvent, ErrorEvent
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": SCHEMA}
-CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                                 "parameters": SCHEMA}}  # fmt: skip
+CHAT_WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather in a city", "parameters": SCHEMA},
+}
 CLAUDE_WEATHER = {"name": "get_weather", "description": "Weather in a city", "input_schema": SCHEMA}
 BASE = {"model": "demo", "input": "hi"}
 CLAUDE = {"model": "demo", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -73,8 +75,9 @@ def test_function_tools_and_tool_choice_become_the_chat_endpoints():
     assert req.tools == [CHAT_WEATHER] and req.tool_choice == "auto" and req.params.grammar is None
     required = chat_of({**BASE, "tools": [WEATHER], "tool_choice": "required"}).params.grammar
     assert required == {"type": "tool_call", "tools": [{"name": "get_weather", "parameters": SCHEMA}]}
-    named = chat_of({**BASE, "tools": [WEATHER, {**WEATHER, "name": "other"}],
-                     "tool_choice": {"type": "function", "name": "other"}})  # fmt: skip
+    named = chat_of(
+        {**BASE, "tools": [WEATHER, {**WEATHER, "name": "other"}], "tool_choice": {"type": "function", "name": "other"}}
+    )
     assert [t["name"] for t in named.params.grammar["tools"]] == ["other"]
     assert chat_of({**BASE, "tools": [WEATHER], "tool_choice": "none"}).template_tools is None
     # strict arguments are honoured where they are enforced: a forced call.
@@ -270,8 +273,9 @@ def test_anthropic_auth_by_x_api_key_and_errors_in_anthropics_shape(client, keys
     auth = {"x-api-key": keys["mine"]}
     anthropic_error(post({**CLAUDE, "model": "nope"}, **auth), 404, "not_found_error")
     assert "max_tokens" in anthropic_error(post({**CLAUDE, "max_tokens": -1}, **auth), 400, "invalid_request_error")
-    anthropic_error(client.post("/v1/messages", b"{nope", "application/json", headers=auth), 400,
-                    "invalid_request_error")  # fmt: skip
+    anthropic_error(
+        client.post("/v1/messages", b"{nope", "application/json", headers=auth), 400, "invalid_request_error"
+    )
     anthropic_error(client.get("/v1/messages", headers=auth), 405, "invalid_request_error")
     # The gateway cannot read this model's tokenizer, so it cannot count (the replicas would tokenise).
     prompt = json.dumps({k: v for k, v in CLAUDE.items() if k != "max_tokens"})
@@ -284,8 +288,9 @@ async def test_a_messages_body_over_the_limit_is_anthropics_413(settings):
     settings.MAX_REQUEST_BYTES = 1000
     transport = httpx.ASGITransport(app=application)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
-        response = await http.post("/v1/messages", content=b"{" + b" " * 2000 + b"}",
-                                   headers={"content-type": "application/json"})  # fmt: skip
+        response = await http.post(
+            "/v1/messages", content=b"{" + b" " * 2000 + b"}", headers={"content-type": "application/json"}
+        )
     assert response.status_code == 413 and response.json()["error"]["type"] == "request_too_large"
 
 
@@ -434,10 +439,12 @@ async def test_a_failure_mid_stream_ends_each_apis_stream_in_its_own_shape(djang
     try:
         with played_replica(client, replica, answer=fails_after_one_token):
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
-                responses = await http.post("/v1/responses", headers=auth,
-                                            json={"model": "turns", "input": "hi", "stream": True})  # fmt: skip
-                messages = await http.post("/v1/messages", headers=auth, json={**CLAUDE, "model": "turns",
-                                                                               "stream": True})  # fmt: skip
+                responses = await http.post(
+                    "/v1/responses", headers=auth, json={"model": "turns", "input": "hi", "stream": True}
+                )
+                messages = await http.post(
+                    "/v1/messages", headers=auth, json={**CLAUDE, "model": "turns", "stream": True}
+                )
     finally:
         client.close()
     assert responses.status_code == 200 and messages.status_code == 200

@@ -234,8 +234,10 @@ def test_the_model_shape_is_read_as_the_engine_reads_it(name):
         assert [shape.moe.is_moe_layer(i) for i in range(8)] == [engine.moe.is_moe_layer(i) for i in range(8)]
 
 
-@pytest.mark.parametrize(("model", "tp", "pp"), [("kimi-int4", 2, 1), ("kimi-int4", 1, 2), ("deepseek", 4, 1),
-                                                 ("llama", 4, 1), ("kv-3", 3, 1), ("llama", 2, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "tp", "pp"),
+    [("kimi-int4", 2, 1), ("kimi-int4", 1, 2), ("deepseek", 4, 1), ("llama", 4, 1), ("kv-3", 3, 1), ("llama", 2, 2)],
+)
 def test_what_the_engine_runs_in_parallel_is_accepted(staff_client, catalog, model, tp, pp):
     engine_check(model, tp, pp, False)
     response = staff_client.post("/api/v1/deployments/", body(model, tp, pp, False), format="json")

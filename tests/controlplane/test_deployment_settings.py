@@ -86,8 +86,9 @@ def test_deployment_defaults_spelled_out_are_accepted(staff_client, model):
 
 @pytest.mark.parametrize("value", ["x session", "x-sess:ion", "Authorization", "Cookie", ""])
 def test_a_session_affinity_header_that_is_no_header_name_or_a_reserved_one_is_refused(staff_client, value):
-    response = staff_client.post("/api/v1/cache-policies/", {"name": "p", "session_affinity_header": value},
-                                 format="json")  # fmt: skip
+    response = staff_client.post(
+        "/api/v1/cache-policies/", {"name": "p", "session_affinity_header": value}, format="json"
+    )
     assert response.status_code == 400 and "session_affinity_header" in response.json()
     assert not CachePolicy.objects.exists()
 

@@ -132,8 +132,10 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
     fresh = moved = 0
     for trial in range(150):
         n = rng.randrange(1, 5)
-        cands = [policies.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
-                 for i in range(n)]  # fmt: skip
+        cands = [
+            policies.Candidate(RIDS[i], rng.randrange(0, 9), rng.randrange(0, 4), rng.randrange(0, 40))
+            for i in range(n)
+        ]
         dispatched = [rng.randrange(0, 12) for _ in range(n)]
         for c, count in zip(cands, dispatched, strict=True):
             await sessions.delete(dispatched_key(c.replica_id))
@@ -176,8 +178,9 @@ async def test_the_lua_pick_agrees_with_routing_pick_on_random_inputs(sessions):
         natural = min(range(len(plan.candidates)), key=lambda i: (plan.base[i], i))  # a keyless turn's home
         home = [c.replica_id for c in plan.candidates].index(bound) if plan.session and bound in sent else natural
         moved += plan.rebalance and policies._sent_too_many(home, recent, dispatched, math.inf, own, plan.load_factor)
-        expected = plan.candidates[policies.pick(plan, dispatched, bound_to=bound, sessions=bound_counts,
-                                                recent=recent, own=own)].replica_id  # fmt: skip
+        expected = plan.candidates[
+            policies.pick(plan, dispatched, bound_to=bound, sessions=bound_counts, recent=recent, own=own)
+        ].replica_id
         chosen = await web.pick(f"t{trial}", plan, key, 60, own_key=own_key)
         assert chosen.replica_id == expected, (plan, dispatched, bound, recent, own)
         assert chosen.loads == [max(c.reported_load, d) for c, d in zip(plan.candidates, dispatched, strict=True)]
@@ -211,8 +214,9 @@ async def test_concurrent_first_requests_of_one_session_in_two_web_processes_agr
         plans = [session_plan(f"fork{s}"), policies.plan(
             policies.SESSION_KV_AWARE, [policies.Candidate(r, 0, 100, 30 * (r == RIDS[s % 4])) for r in RIDS],
             session=f"fork{s}", prompt_blocks=30)]  # fmt: skip
-        picks = await asyncio.gather(*(web.pick(f"f{s}-{i}", plans[i % 2], key, 60)
-                                       for i, web in enumerate([web1, web2] * 2)))  # fmt: skip
+        picks = await asyncio.gather(
+            *(web.pick(f"f{s}-{i}", plans[i % 2], key, 60) for i, web in enumerate([web1, web2] * 2))
+        )
         assert len({p.replica_id for p in picks}) == 1, picks
         for i, web in enumerate([web1, web2] * 2):
             await web.done(f"f{s}-{i}")

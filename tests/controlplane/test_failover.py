@@ -26,8 +26,9 @@ def test_a_resumed_request_is_its_prompt_and_output_ids_with_what_the_client_has
     message = progress.message(CHAT)
     # Token ids, never the chat again (its template would be rendered a second time); the
     # sampling parameters unchanged (the replica counts the resumed tokens against max_tokens).
-    assert message == GenerateMessage(params=CHAT.params, prompt_token_ids=[1, 2, 3, 4, 7, 8, 9],
-                                      resume=Resume(output_tokens=3, text_sent=5))  # fmt: skip
+    assert message == GenerateMessage(
+        params=CHAT.params, prompt_token_ids=[1, 2, 3, 4, 7, 8, 9], resume=Resume(output_tokens=3, text_sent=5)
+    )
     assert message.to_wire() == {"type": "generate", "id": "", "reply_to": "", "version": 1,
                                  "params": CHAT.params.to_wire(), "prompt_token_ids": [1, 2, 3, 4, 7, 8, 9],
                                  "resume": {"output_tokens": 3, "text_sent": 5}}  # fmt: skip

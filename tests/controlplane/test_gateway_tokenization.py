@@ -76,8 +76,9 @@ def test_the_replica_is_sent_the_ids_the_replica_would_have_computed():
     # Ids alone: the replica needs neither the messages nor the tools (the gateway parses calls).
     assert (message.prompt_token_ids, message.messages, message.tools) == (chat.prompt_token_ids, None, None)
     # tool_choice "none": the tools are not rendered, as the replica did not render them.
-    unoffered = tokenize(deployment, parse_chat({"model": "tok", "messages": ASK, "tools": [WEATHER],
-                                                 "tool_choice": "none"}))  # fmt: skip
+    unoffered = tokenize(
+        deployment, parse_chat({"model": "tok", "messages": ASK, "tools": [WEATHER], "tool_choice": "none"})
+    )
     assert unoffered.prompt_token_ids == tok.prompt_ids(ASK) != chat.prompt_token_ids
     text = tokenize(deployment, parse_completion({"model": "tok", "prompt": "Hello there"}))
     assert text.prompt_token_ids == tok.encode("Hello there")
@@ -161,8 +162,7 @@ def served(db, model_dir, django_user_model):
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     _, key = create_api_key(name="tok", owner=django_user_model.objects.create_user("tok-owner"))
     with played_replica(client, replica.pk, "tok-1") as seen:
-        yield {"key": key, "stream": protocol.requests_key(replica.pk), "seen": seen, "redis": client,
-               "dir": model_dir}  # fmt: skip
+        yield {"key": key, "stream": protocol.requests_key(replica.pk), "seen": seen, "redis": client, "dir": model_dir}
 
 
 def _post(client, served, path: str, body: dict):

@@ -99,8 +99,9 @@ def crashed(r: Replica) -> list[dict]:
     return [e.data for e in Event.objects.filter(verb="replica.crashed", object_id=str(r.pk)).order_by("id")]
 
 
-def test_two_deaths_of_one_poison_request_cost_the_budget_once(node, tmp_path, client, settings,
-                                                               django_capture_on_commit_callbacks):  # fmt: skip
+def test_two_deaths_of_one_poison_request_cost_the_budget_once(
+    node, tmp_path, client, settings, django_capture_on_commit_callbacks
+):
     settings.SWITCHYARD = {**settings.SWITCHYARD, "REPLICA_FAILURE_BUDGET": 2}
     first, second = deploy(node, 2, django_capture_on_commit_callbacks)
     sup, events = supervisor(tmp_path, client)
@@ -149,8 +150,9 @@ def test_two_deaths_of_one_poison_request_cost_the_budget_once(node, tmp_path, c
     assert 'switchyard_replica_crashes_total{deployment="pair",attributed="true"} 1' in metrics
 
 
-def test_a_crash_is_an_event_with_its_exit_code_and_log_tail(node, tmp_path, client,
-                                                               django_capture_on_commit_callbacks):  # fmt: skip
+def test_a_crash_is_an_event_with_its_exit_code_and_log_tail(
+    node, tmp_path, client, django_capture_on_commit_callbacks
+):
     [r] = deploy(node, 1, django_capture_on_commit_callbacks)
     sup, events = supervisor(tmp_path, client, crash_after=0.5)
     try:

@@ -254,8 +254,9 @@ def api_key(django_user_model) -> str:
 
 def _chat(client, api_key):
     body = {"model": "d", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    return client.post("/v1/chat/completions", body, content_type="application/json",
-                       HTTP_AUTHORIZATION=f"Bearer {api_key}")  # fmt: skip
+    return client.post(
+        "/v1/chat/completions", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {api_key}"
+    )
 
 
 def test_a_deployment_that_gave_up_is_failed_once_and_the_gateway_says_an_operator_must_restart_it(

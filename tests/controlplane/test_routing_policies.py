@@ -75,8 +75,9 @@ def test_kv_aware_prefers_the_cached_prefix_until_load_outweighs_it_or_the_bound
     assert bounded.candidates[policies.pick(bounded, [0, 3, 0])].replica_id == 12
     assert bounded.candidates[policies.pick(bounded, [0, 6, 0])].replica_id == 13
     # ...but below MIN_LOAD_CAP nothing is over the bound, however idle the others
-    idle_others = policies.plan(policies.KV_AWARE, [Candidate(c.replica_id, 0, 100, c.cached_blocks) for c in cands],
-                               prompt_blocks=50)  # fmt: skip
+    idle_others = policies.plan(
+        policies.KV_AWARE, [Candidate(c.replica_id, 0, 100, c.cached_blocks) for c in cands], prompt_blocks=50
+    )
     assert idle_others.candidates[policies.pick(idle_others, [0, 1, 0])].replica_id == 12  # cap 4, not 1
 
 
@@ -157,8 +158,9 @@ def test_a_block_is_a_shared_prefix_once_two_earlier_prompts_cached_prefixes_end
 def test_a_keyless_prompt_is_a_new_conversation_when_nothing_past_a_shared_prefix_is_cached():
     def kv(held: list[int], shared: int, blocks: int = 60, **kw) -> policies.Plan:
         cands = [Candidate(rid, 0, 100, h) for rid, h in zip(IDS, held, strict=False)]
-        return policies.plan(kw.pop("policy", policies.KV_AWARE), cands, prompt_blocks=blocks, shared_blocks=shared,
-                            **kw)  # fmt: skip
+        return policies.plan(
+            kw.pop("policy", policies.KV_AWARE), cands, prompt_blocks=blocks, shared_blocks=shared, **kw
+        )
 
     new = kv([40, 0, 0, 0], shared=40)  # only the system prompt is cached, on one replica
     assert (new.fresh, new.recent, new.reason) == (True, True, "kv_aware;new_conversation")

@@ -94,8 +94,9 @@ def seeded(staff) -> dict[str, dict]:
         hostname="host-a",
         devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}],
     )
-    model = Model.objects.create(name="tiny", source="/models/tiny", status=Model.Status.READY,
-                                 architecture="LlamaForCausalLM")  # fmt: skip
+    model = Model.objects.create(
+        name="tiny", source="/models/tiny", status=Model.Status.READY, architecture="LlamaForCausalLM"
+    )
     policy = CachePolicy.objects.create(name="default")
     deployment = Deployment.objects.create(slug="demo", model=model, cache_policy=policy)
     replica = Replica.objects.create(deployment=deployment, node=node, state=Replica.State.READY)
@@ -168,8 +169,10 @@ def test_management_api_conforms_to_its_openapi_schema(wsgi_app, staff, seeded, 
     took = time.monotonic() - started
 
     statuses = results.statuses
-    print(f"schemathesis: {len(operations)} operations, {results.examples.total()} examples in {took:.1f} s; "
-          f"statuses {dict(sorted(statuses.items()))}")  # fmt: skip
+    print(
+        f"schemathesis: {len(operations)} operations, {results.examples.total()} examples in {took:.1f} s; "
+        f"statuses {dict(sorted(statuses.items()))}"
+    )
     assert not results.failures, "\n\n".join(f"{label}: {message}" for label, message in results.failures.items())
     assert all(results.examples[op.label] for op in operations), results.examples
     # The fuzzing reached the API's logic, not only its refusals.

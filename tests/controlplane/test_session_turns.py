@@ -47,8 +47,9 @@ def redis_client():
 
 def post(client, key: str, body: dict, **headers):
     extra = {f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers.items()}
-    response = client.post("/v1/chat/completions", body, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {key}", **extra)  # fmt: skip
+    response = client.post(
+        "/v1/chat/completions", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}", **extra
+    )
     assert response.status_code == 200, response.content
     return response
 

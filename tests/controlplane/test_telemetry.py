@@ -220,8 +220,10 @@ def test_kv_tiers_are_rendered_per_tier_for_replicas_that_have_them(redis, deplo
         ("switchyard_kv_tier_blocks_loaded_total", "dram"): 7,
         ("switchyard_kv_tier_blocks_loaded_total", "store"): 3,
     }
-    whole = [value[(f"switchyard_kv_tier_{name}", None)] for name in ("load_seconds_total", "dropped_writes_total",
-                                                                       "loads_inflight")]  # fmt: skip
+    whole = [
+        value[(f"switchyard_kv_tier_{name}", None)]
+        for name in ("load_seconds_total", "dropped_writes_total", "loads_inflight")
+    ]
     assert whole == [0.5, 2, 1]
     families = {f.name: f.type for f in text_string_to_metric_families(render(redis))}
     assert families["switchyard_kv_tier_hits"] == "counter" and families["switchyard_kv_tier_used_bytes"] == "gauge"

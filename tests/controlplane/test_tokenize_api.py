@@ -42,8 +42,7 @@ def bos_dir(tmp_path):
 @pytest.fixture
 def api(db, django_user_model, client, bos_dir):
     def deploy(slug, source, source_type="local", **fields):
-        model = Model.objects.create(name=slug, source=str(source), source_type=source_type,
-                                     status=Model.Status.READY)  # fmt: skip
+        model = Model.objects.create(name=slug, source=str(source), source_type=source_type, status=Model.Status.READY)
         return Deployment.objects.create(slug=slug, model=model, **fields)
 
     demo = deploy("demo", MODEL_DIR, max_model_len=300)

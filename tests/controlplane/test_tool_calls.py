@@ -64,10 +64,11 @@ def test_a_close_tag_inside_an_argument_does_not_end_the_call_wherever_the_text_
 @settings(max_examples=200, deadline=None)
 @given(
     before=st.text(alphabet="ab <>/_\n", max_size=12).filter(lambda t: OPEN not in t),
-    calls=st.lists(st.dictionaries(st.sampled_from("xyz"), st.text(alphabet=TRICKY, max_size=30)), min_size=1,
-                   max_size=3),
+    calls=st.lists(
+        st.dictionaries(st.sampled_from("xyz"), st.text(alphabet=TRICKY, max_size=30)), min_size=1, max_size=3
+    ),
     cuts=st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=40),
-)  # fmt: skip
+)
 def test_any_arguments_cut_anywhere_come_back_whole(before, calls, cuts):
     text = before + "\n".join(forced(f"f{i}", args) for i, args in enumerate(calls))
     pieces, at = [], 0
@@ -131,8 +132,9 @@ def forced_output() -> list[tuple[str, int]]:
     llm = LLM("workers/demo/model", device="cpu", dtype="float32", block_size=4)
     tok = llm.engine.tokenizer
     params = SamplingParams(temperature=0, max_tokens=96, grammar=req.params.grammar)
-    [out] = llm.generate([{"prompt_token_ids": tok.prompt_ids(messages=req.messages, tools=req.template_tools)}],
-                         [params])  # fmt: skip
+    [out] = llm.generate(
+        [{"prompt_token_ids": tok.prompt_ids(messages=req.messages, tools=req.template_tools)}], [params]
+    )
     assert out.outputs[0].finish_reason == "stop"
     ids = out.outputs[0].token_ids
     texts = [tok.decode(ids[:i]) for i in range(len(ids) + 1)]
@@ -353,9 +355,11 @@ def test_bad_tools_are_400s_in_each_apis_error_shape(client, django_user_model):
     _, key = create_api_key(name="k", owner=django_user_model.objects.create_user("shapes"))
     auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
     twice = [("a", GOOD), ("a", GOOD)]
-    for path, dialect, extra in (("/v1/chat/completions", "chat", {"messages": ASK}),
-                                 ("/v1/responses", "responses", {"input": "hi"}),
-                                 ("/v1/messages", "messages", {"messages": ASK, "max_tokens": 8})):  # fmt: skip
+    for path, dialect, extra in (
+        ("/v1/chat/completions", "chat", {"messages": ASK}),
+        ("/v1/responses", "responses", {"input": "hi"}),
+        ("/v1/messages", "messages", {"messages": ASK, "max_tokens": 8}),
+    ):
         _, tool, _, param = DIALECTS[dialect]
         body = {"model": "m", **extra, "tools": [tool(name, schema) for name, schema in twice]}
         r = client.post(path, body, content_type="application/json", **auth)

@@ -43,8 +43,9 @@ def site(django_db_setup, django_db_blocker, tmp_path_factory):
         with processes(state, node, env, web_port=port, beat=True):
             wait_online(node)
             # Speculating as make run's demo does without a draft head.
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "speculative_method": "ngram",
-                               "speculative_k": 3})  # fmt: skip
+            create_deployment(
+                {"slug": "demo", "model": model, "replicas": 1, "speculative_method": "ngram", "speculative_k": 3}
+            )
             # A deployment whose cache policy keeps evicted KV blocks in host memory.
             tiered = CachePolicy.objects.create(name="tiered", dram_tier_bytes=TIER_BYTES)
             create_deployment({"slug": "tiered", "model": model, "replicas": 1, "cache_policy": tiered})

@@ -101,16 +101,20 @@ def test_a_draft_is_cut_where_the_grammar_refuses_or_ends(plain):
 def test_n_under_speculation_greedy_samples_equal_n_1_and_seeds_reproduce(plain, method):
     llm = LLM(DEMO, device="cpu", dtype="float32", block_size=4, speculative_config=SPECS[method])
     greedy = SamplingParams(n=3, temperature=0.0, max_tokens=24, ignore_eos=True, grammar=GRAMMARS["json_object"])
-    single = outputs(plain, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
-                                           grammar=GRAMMARS["json_object"]))  # fmt: skip
+    single = outputs(
+        plain, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, grammar=GRAMMARS["json_object"])
+    )
     got = llm.generate([{"prompt_token_ids": p} for p in prompts(llm)], greedy)
     for out, want in zip(got, single, strict=True):
         assert [c.token_ids for c in out.outputs] == [want.token_ids] * 3
     seeded = SamplingParams(n=3, temperature=2.0, seed=5, max_tokens=24)
-    first = [[c.token_ids for c in o.outputs] for o in llm.generate([{"prompt_token_ids": p} for p in prompts(llm)],
-                                                                    seeded)]  # fmt: skip
-    again = [[c.token_ids for c in o.outputs] for o in plain.generate([{"prompt_token_ids": p} for p in prompts(llm)],
-                                                                      seeded)]  # fmt: skip
+    first = [
+        [c.token_ids for c in o.outputs] for o in llm.generate([{"prompt_token_ids": p} for p in prompts(llm)], seeded)
+    ]
+    again = [
+        [c.token_ids for c in o.outputs]
+        for o in plain.generate([{"prompt_token_ids": p} for p in prompts(llm)], seeded)
+    ]
     assert first == again  # and equal to the run without speculation
     assert any(len({tuple(t) for t in samples}) > 1 for samples in first)  # the samples differ
     assert llm.engine.speculation_stats()["num_draft_tokens"] > 0
@@ -121,8 +125,10 @@ def test_n_on_a_disaggregated_deployment_prefills_once_and_forks_on_the_decode_s
     prefill = LLMEngine(EngineConfig(model=DEMO, dtype="float32", block_size=4))
     decode = LLMEngine(EngineConfig(model=DEMO, dtype="float32", block_size=4))
     prompt = prompts(plain)[1]
-    for params in (SamplingParams(n=3, temperature=0.0, max_tokens=16, ignore_eos=True),
-                   SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)):  # fmt: skip
+    for params in (
+        SamplingParams(n=3, temperature=0.0, max_tokens=16, ignore_eos=True),
+        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True),
+    ):
         want = plain.generate([{"prompt_token_ids": prompt}], params)[0].outputs
         computed_before = decode.stats()["generated_tokens"]
         deltas, _ = handoff(prefill, decode, f"r{params.temperature}", prompt, params)

@@ -254,9 +254,7 @@ def run_case(case: dict, engines: Engines, plain: LLM) -> None:
 
 
 def test_the_matrix_covers_every_allowed_pair():
-    covered = {
-        (a, c[a], b, c[b]) for c in CASES for a, b in itertools.combinations(DIMENSIONS, 2)
-    }  # fmt: skip
+    covered = {(a, c[a], b, c[b]) for c in CASES for a, b in itertools.combinations(DIMENSIONS, 2)}
     for a, b in itertools.combinations(DIMENSIONS, 2):
         for va in DIMENSIONS[a]:
             for vb in DIMENSIONS[b]:

@@ -54,9 +54,10 @@ def logprobs(deltas) -> list[dict]:
 PARAMS = {
     "greedy": dict(temperature=0.0, logprobs=2),
     "seeded": dict(temperature=1.0, seed=1234, top_k=20, logprobs=1),
-    "seeded_penalised": dict(temperature=0.9, seed=7, frequency_penalty=1.5, presence_penalty=0.5,
-                             repetition_penalty=1.3),
-}  # fmt: skip
+    "seeded_penalised": dict(
+        temperature=0.9, seed=7, frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3
+    ),
+}
 
 
 @pytest.mark.parametrize("kind", PARAMS)
@@ -92,9 +93,10 @@ def test_a_stop_string_spanning_the_seam_is_found(llama_dir):
     cut, stop = next(
         (i, pieces[i][-1] + pieces[i + 1][len(pieces[i])])
         for i in range(2, len(ids) - 1)
-        if pieces[i] and len(pieces[i + 1]) > len(pieces[i])
+        if pieces[i]
+        and len(pieces[i + 1]) > len(pieces[i])
         and text.find(pieces[i][-1] + pieces[i + 1][len(pieces[i])]) == len(pieces[i]) - 1
-    )  # fmt: skip
+    )
     params = dict(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
     engine = llm.engine
     whole = run(engine, "whole", PROMPT, SamplingParams(**params))

@@ -123,8 +123,9 @@ def test_a_forced_tool_call_is_one_call_the_gateway_parser_reads(llm):
             {"name": "noop", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
         ],
     )
-    for out in run(llm, [_chat(llm, q) for q in QUESTIONS], SamplingParams(temperature=0.7, seed=1, max_tokens=64,
-                                                                             grammar=spec)):  # fmt: skip
+    for out in run(
+        llm, [_chat(llm, q) for q in QUESTIONS], SamplingParams(temperature=0.7, seed=1, max_tokens=64, grammar=spec)
+    ):
         assert out.finish_reason == "stop"
         parsed = ToolCallParser().feed(out.text)
         (call,) = parsed
@@ -159,8 +160,9 @@ def test_free_requests_are_unchanged_by_constrained_neighbours_with_chunking_and
     want_constrained = run(alone, prompts, constrained)
 
     # A 16-token budget chunks every prefill; 64 blocks of 4 cannot hold them all: preemption.
-    tight = LLM(DEMO, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_batched_tokens=16,
-                max_num_seqs=18)  # fmt: skip
+    tight = LLM(
+        DEMO, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=18
+    )
     mixed = run(tight, prompts * 3, [free] * 6 + [constrained] * 6 + [seeded] * 6)
     assert tight.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in mixed[:6]] == [o.token_ids for o in want_free]
@@ -178,8 +180,9 @@ def test_free_requests_are_unchanged_by_constrained_neighbours_with_chunking_and
 
 def test_speculative_verification_masks_each_position():
     plain = LLM(DEMO, device="cpu", dtype="float32", block_size=4)
-    spec = LLM(DEMO, device="cpu", dtype="float32", block_size=4,
-               speculative_config={**NGRAM, "disable_by_batch_size": 16})  # fmt: skip
+    spec = LLM(
+        DEMO, device="cpu", dtype="float32", block_size=4, speculative_config={**NGRAM, "disable_by_batch_size": 16}
+    )
     # Repetitive JSON in the prompt so that prompt lookup proposes drafts inside the grammar.
     questions = [f'Repeat: {{"name": "ab", "age": {i}, "tags": ["a", "b"]}} {{"name": "ab"' for i in range(4)]
     prompts = [_chat(plain, q) for q in questions + QUESTIONS]

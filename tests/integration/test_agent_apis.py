@@ -69,8 +69,9 @@ def claude(stack):
 # -- Responses ---------------------------------------------------------------------------------------
 def test_a_response_answers_like_the_chat_endpoint(client):
     question = "What is the capital of France?"
-    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": question}],
-                                          temperature=0, max_tokens=24)  # fmt: skip
+    chat = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24
+    )
     response = client.responses.create(model="demo", input=question, temperature=0, max_output_tokens=24)
     assert response.id.startswith("resp_") and response.object == "response" and response.status == "completed"
     assert response.output_text == chat.choices[0].message.content and "Paris" in response.output_text
@@ -82,9 +83,11 @@ def test_a_response_answers_like_the_chat_endpoint(client):
     # Input items and instructions are the same conversation.
     instructions = "You are a helpful assistant. Answer in one short sentence, and never more than that."
     expected = client.chat.completions.create(
-        model="demo", temperature=0, max_tokens=24,
+        model="demo",
+        temperature=0,
+        max_tokens=24,
         messages=[{"role": "system", "content": instructions}, {"role": "user", "content": question}],
-    )  # fmt: skip
+    )
     items = client.responses.create(
         model="demo", instructions=instructions, temperature=0, max_output_tokens=24,
         input=[{"role": "user", "content": [{"type": "input_text", "text": question}]}],
@@ -96,16 +99,16 @@ def test_a_response_answers_like_the_chat_endpoint(client):
 
 
 def test_max_output_tokens_makes_an_incomplete_response(client):
-    response = client.responses.create(model="demo", input="What is Switchyard?", max_output_tokens=2,
-                                       temperature=0)  # fmt: skip
+    response = client.responses.create(model="demo", input="What is Switchyard?", max_output_tokens=2, temperature=0)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 2
 
 
 def test_a_function_call_and_its_output_round_trip(client):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = client.responses.create(model="demo", input=ask, tools=[WEATHER], tool_choice="required",
-                                    temperature=0, max_output_tokens=64)  # fmt: skip
+    first = client.responses.create(
+        model="demo", input=ask, tools=[WEATHER], tool_choice="required", temperature=0, max_output_tokens=64
+    )
     calls = [item for item in first.output if item.type == "function_call"]
     (call,) = calls
     assert call.name == "get_weather" and call.call_id and call.status == "completed"
@@ -115,8 +118,9 @@ def test_a_function_call_and_its_output_round_trip(client):
     # The whole conversation sent again (store=False: nothing is kept) ...
     replay = [*ask, {"type": "function_call", "call_id": call.call_id, "name": call.name,
                      "arguments": call.arguments}, result]  # fmt: skip
-    answer = client.responses.create(model="demo", input=replay, tools=[WEATHER], temperature=0,
-                                     max_output_tokens=48, store=False)  # fmt: skip
+    answer = client.responses.create(
+        model="demo", input=replay, tools=[WEATHER], temperature=0, max_output_tokens=48, store=False
+    )
     assert answer.status == "completed" and "21" in answer.output_text and "Paris" in answer.output_text
     # The SDK's own output items passed back as input (OpenAI's documented pattern) say the same.
     echoed = client.responses.create(model="demo", input=[*ask, *first.output, result], tools=[WEATHER],
@@ -165,8 +169,9 @@ def test_previous_response_id_continues_and_store_false_keeps_nothing(stack, cli
     assert first.output_text == "Hello!"
     # Continued: the second request's prompt is the first conversation plus the new input.
     follow = "Thank you!"
-    continued = client.responses.create(model="demo", previous_response_id=first.id, input=follow, temperature=0,
-                                        max_output_tokens=24)  # fmt: skip
+    continued = client.responses.create(
+        model="demo", previous_response_id=first.id, input=follow, temperature=0, max_output_tokens=24
+    )
     chat = client.chat.completions.create(model="demo", temperature=0, max_tokens=24, messages=[
         {"role": "user", "content": "Say hello."}, {"role": "assistant", "content": first.output_text},
         {"role": "user", "content": follow}])  # fmt: skip
@@ -248,8 +253,9 @@ def test_anthropic_messages_answer_like_the_chat_endpoint(client, claude):
     u = message.usage
     assert u.input_tokens + u.cache_read_input_tokens == chat.usage.prompt_tokens and u.cache_read_input_tokens > 0
     assert u.output_tokens == chat.usage.completion_tokens
-    counted = claude.messages.count_tokens(model="demo", system="Be brief.",
-                                           messages=[{"role": "user", "content": question}])  # fmt: skip
+    counted = claude.messages.count_tokens(
+        model="demo", system="Be brief.", messages=[{"role": "user", "content": question}]
+    )
     assert counted.input_tokens == chat.usage.prompt_tokens
     short = claude.messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": question}])
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
@@ -311,14 +317,19 @@ def test_anthropic_streaming(claude):
 def test_anthropic_auth_and_errors(stack, claude):
     url = stack["base"] + "/v1/messages"
     body = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    by_header = httpx.post(url, json=body, headers={"x-api-key": stack["key"], "anthropic-version": "2023-06-01"},
-                           timeout=30)  # fmt: skip
+    by_header = httpx.post(
+        url, json=body, headers={"x-api-key": stack["key"], "anthropic-version": "2023-06-01"}, timeout=30
+    )
     assert by_header.status_code == 200 and by_header.json()["type"] == "message"
-    for headers, status, kind in [({}, 401, "authentication_error"), ({"x-api-key": "sy-wrong"}, 401,
-                                  "authentication_error")]:  # fmt: skip
+    for headers, status, kind in [
+        ({}, 401, "authentication_error"),
+        ({"x-api-key": "sy-wrong"}, 401, "authentication_error"),
+    ]:
         answer = httpx.post(url, json=body, headers=headers, timeout=10)
-        assert answer.status_code == status and answer.json() == {"type": "error", "error": {
-            "type": kind, "message": answer.json()["error"]["message"]}}  # fmt: skip
+        assert answer.status_code == status and answer.json() == {
+            "type": "error",
+            "error": {"type": kind, "message": answer.json()["error"]["message"]},
+        }
     with pytest.raises(anthropic.BadRequestError) as err:
         claude.messages.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=0)
     assert err.value.body["error"]["type"] == "invalid_request_error" and "max_tokens" in err.value.message

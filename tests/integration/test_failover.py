@@ -346,8 +346,9 @@ def test_a_seeded_sampled_request_resumed_draws_what_it_would_have(stack):
 def _stream_until_killed(base: str, key: str, deployment: str, replica: int) -> tuple[list[str], float]:
     body = {"model": deployment, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
     lines = []
-    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30,
-                      headers={"Authorization": f"Bearer {key}"}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", base + "/v1/completions", json=body, timeout=30, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
         assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(replica)
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -423,16 +424,19 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
     async def main():
         hub = ReplicaHub(settings.REDIS_URL)
         # A long request keeps the draining replica alive while it drains.
-        long = await hub.submit(draining, f"long-{uuid.uuid4().hex[:6]}",
-                                replace(message, params=replace(params, max_tokens=2000)), None)  # fmt: skip
+        long = await hub.submit(
+            draining, f"long-{uuid.uuid4().hex[:6]}", replace(message, params=replace(params, max_tokens=2000)), None
+        )
         assert (await long.next_event()).TYPE == "accepted"
         os.kill(pid, signal.SIGTERM)
         await until(lambda: replica_status(draining).get("state") == "draining", 10, "the drain")
         try:
             freeze(pid)  # before its status is written for it: a running thread could still write its own
             idle = json.dumps({"running": 0, "waiting": 0})
-            client.hset(protocol.status_key(draining), mapping={"state": "ready", "load": idle,
-                                                                 "heartbeat": f"{time.time():.3f}"})  # fmt: skip
+            client.hset(
+                protocol.status_key(draining),
+                mapping={"state": "ready", "load": idle, "heartbeat": f"{time.time():.3f}"},
+            )
             client.zadd(dispatched_key(other), busy)
             sent = client.xlen(protocol.requests_key(draining))
             candidates = {"decode": [draining, other], "prefill": []}

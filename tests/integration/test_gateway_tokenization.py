@@ -113,8 +113,9 @@ QWEN = (9312, None, 2048)  # the sliding window, under 4096 positions
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
-    directory = build_checkpoint(tmp_path_factory.mktemp("qwen-tools"), "mistral", max_position_embeddings=4096,
-                                 sliding_window=2048)  # fmt: skip
+    directory = build_checkpoint(
+        tmp_path_factory.mktemp("qwen-tools"), "mistral", max_position_embeddings=4096, sliding_window=2048
+    )
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
     return directory

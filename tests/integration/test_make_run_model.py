@@ -51,13 +51,15 @@ def test_make_run_serves_a_model_directory_and_the_openai_client_calls_it(tmp_pa
         messages = [{"role": "user", "content": "The quick brown fox"}]
         chat = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, temperature=0)
         assert chat.choices[0].message.content is not None and chat.usage.completion_tokens >= 1
-        text = client.completions.create(model="tiny-llama", prompt="Prefill is compute bound;", max_tokens=6,
-                                         temperature=0)  # fmt: skip
+        text = client.completions.create(
+            model="tiny-llama", prompt="Prefill is compute bound;", max_tokens=6, temperature=0
+        )
         assert text.usage.completion_tokens >= 1
         # /tokenize counts the prompts as the completions did.
         auth = {"Authorization": f"Bearer {key}"}
-        counted = httpx.post(f"{url}tokenize", headers=auth, timeout=30,
-                             json={"model": "tiny-llama", "messages": messages}).json()  # fmt: skip
+        counted = httpx.post(
+            f"{url}tokenize", headers=auth, timeout=30, json={"model": "tiny-llama", "messages": messages}
+        ).json()
         assert counted["count"] == chat.usage.prompt_tokens and counted["max_model_len"] == 256
         counted = httpx.post(f"{url}v1/tokenize", headers=auth, timeout=30,
                              json={"model": "tiny-llama", "prompt": "Prefill is compute bound;"}).json()  # fmt: skip

@@ -59,8 +59,7 @@ def replicas(model_dir, tmp_path_factory):
             f.close()
 
 
-def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10,
-             **params):  # fmt: skip
+def generate(client, replica: int, prompt: list[int], prefill: int | None = None, max_tokens: int = 10, **params):
     """Send one request like the gateway does; returns (events, seconds). `params` override the
     sampling parameters (greedy, one token's logprobs)."""
     rid, channel = f"t-{uuid.uuid4().hex[:8]}", f"test-reply-{uuid.uuid4().hex[:8]}"

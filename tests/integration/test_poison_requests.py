@@ -53,8 +53,9 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
 
     state = tmp_path_factory.mktemp("poison")
     node, port = f"poison-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", SWITCHYARD_TEST_FAULTS="1", REPLICA_MAX_RESTARTS="0",
-                    REPLICA_FAILURE_BUDGET="2")  # fmt: skip
+    env = stack_env(
+        state, REPLICA_CPU_THREADS="1", SWITCHYARD_TEST_FAULTS="1", REPLICA_MAX_RESTARTS="0", REPLICA_FAILURE_BUDGET="2"
+    )
     with committed(django_db_blocker):
         owner = get_user_model().objects.create_user("poison-owner")
         model = demo_model()
@@ -76,10 +77,11 @@ def serving(stack) -> dict[int, int]:
         ids = list(Replica.objects.filter(deployment_id=stack["pair"], state="ready").values_list("id", flat=True))
         statuses = {i: replica_status(i) for i in ids}
         fine = all(
-            s.get("state") == "ready" and protocol.ReplicaStatus.from_hash(s).is_fresh()
+            s.get("state") == "ready"
+            and protocol.ReplicaStatus.from_hash(s).is_fresh()
             and json.loads(s.get("load") or "{}").get("running") == 0
             for s in statuses.values()
-        )  # fmt: skip
+        )
         return {i: json.loads(s["endpoint"])["pid"] for i, s in statuses.items()} if len(ids) == 2 and fine else None
 
     return wait_for(ready, 180, "2 idle ready replicas")

@@ -104,8 +104,9 @@ def test_an_abandoned_request_is_not_counted_once_the_client_has_gone(stack):
 
 def _pd_completion(stack, prompt: list[int], stream: bool) -> tuple[httpx.Response, list[dict]]:
     body = {"model": "pd", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": stream}
-    response = httpx.post(stack["base"] + "/v1/completions", json=body, timeout=30,
-                          headers={"Authorization": f"Bearer {stack['key']}"})  # fmt: skip
+    response = httpx.post(
+        stack["base"] + "/v1/completions", json=body, timeout=30, headers={"Authorization": f"Bearer {stack['key']}"}
+    )
     assert response.status_code == 200, response.text
     if not stream:
         return response, [response.json()]

@@ -23,12 +23,14 @@ WEATHER = {
         "name": "get_weather",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "maximum": 7,
-                                                                                  "minimum": 1}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "days": {"type": "integer", "maximum": 7, "minimum": 1},
+            },
             "required": ["city"],
         },
     },
-}  # fmt: skip
+}
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 
@@ -71,8 +73,9 @@ def test_json_object_and_the_parse_helper(client):
         city: str = Field(max_length=10)
         days: int = Field(ge=1, le=7)
 
-    parsed = client.chat.completions.parse(model="demo", messages=ASK, response_format=City, temperature=0,
-                                           max_tokens=64)  # fmt: skip
+    parsed = client.chat.completions.parse(
+        model="demo", messages=ASK, response_format=City, temperature=0, max_tokens=64
+    )
     assert isinstance(parsed.choices[0].message.parsed, City)
     answer = client.chat.completions.create(
         model="demo", messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_object"},
@@ -124,8 +127,9 @@ def test_structured_outputs_regex_choice_and_grammar(client):
     )  # fmt: skip
     assert choice.choices[0].message.content in ("yes", "no", "perhaps")
     ebnf = 'root ::= "(" [0-9]{1,2} (", " [0-9]{1,2}){0,2} ")"'
-    grammar = client.chat.completions.create(model="demo", messages=ASK, temperature=0, max_tokens=32,
-                                             extra_body={"structured_outputs": {"grammar": ebnf}})  # fmt: skip
+    grammar = client.chat.completions.create(
+        model="demo", messages=ASK, temperature=0, max_tokens=32, extra_body={"structured_outputs": {"grammar": ebnf}}
+    )
     assert re.fullmatch(r"\(\d{1,2}(, \d{1,2}){0,2}\)", grammar.choices[0].message.content)
 
 

@@ -44,8 +44,9 @@ def test_tokenize_counts_the_prompt_tokens_a_completion_reports(stack):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=60)
 
     def tokenize(**body):
-        answer = httpx.post(f"{base}/tokenize", json={"model": "demo", **body}, timeout=30,
-                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        answer = httpx.post(
+            f"{base}/tokenize", json={"model": "demo", **body}, timeout=30, headers={"Authorization": f"Bearer {key}"}
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["max_model_len"] == 384
         return answer.json()

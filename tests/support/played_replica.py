@@ -42,8 +42,9 @@ def played_replica(client: redis.Redis, replica_id: int, incarnation: str = "pla
                     n, rid, reply = len(message.get("prompt_token_ids") or []), message["id"], message["reply_to"]
                     client.publish(reply, protocol.encode(AcceptedEvent(rid, n).to_wire()))
                     usage = {"prompt_tokens": n, "completion_tokens": 1, "cached_tokens": 0}
-                    events = answer(rid, n) if answer else [DeltaEvent(rid, "ok", [7], finish_reason="length",
-                                                                       usage=usage)]  # fmt: skip
+                    events = (
+                        answer(rid, n) if answer else [DeltaEvent(rid, "ok", [7], finish_reason="length", usage=usage)]
+                    )
                     for event in events:
                         client.publish(reply, protocol.encode(event.to_wire()))
 

@@ -24,8 +24,9 @@ def test_the_agent_fills_in_its_address_protocol_and_store_share_for_the_store_o
     monkeypatch.setenv("KV_STORE_DEVICE", "mlx5_0")
     sup = Supervisor(AgentConfig.from_env("gpu-2"), redis.Redis.from_url(settings.REDIS_URL), lambda event: None)
     spec = ReplicaSpec(replica_id=7, deployment="d", model="/m", model_name="m")
-    shared = KVTiersSpec(dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30, store_master=MASTER,
-                         min_prefix_tokens=128)  # fmt: skip
+    shared = KVTiersSpec(
+        dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30, store_master=MASTER, min_prefix_tokens=128
+    )
     assert sup.node_spec(replace(spec, kv_tiers=shared)).kv_tiers == replace(
         shared, local_hostname="10.0.0.12", store_protocol="rdma", store_device="mlx5_0", store_segment_bytes=1 << 30
     )

@@ -113,8 +113,9 @@ def test_fields_this_side_does_not_know_are_ignored(name):
 def test_a_message_without_a_version_is_this_sides():
     """Older senders and hand-written messages (tests, tools) carry none."""
     data = {"type": "generate", "id": "x", "reply_to": "c", "prompt_token_ids": [1], "params": {"max_tokens": 2}}
-    assert GenerateMessage.from_wire(data) == GenerateMessage("x", "c", WireSamplingParams(max_tokens=2),
-                                                              prompt_token_ids=[1])  # fmt: skip
+    assert GenerateMessage.from_wire(data) == GenerateMessage(
+        "x", "c", WireSamplingParams(max_tokens=2), prompt_token_ids=[1]
+    )
 
 
 def test_status_hash_round_trip_and_version():

@@ -59,8 +59,9 @@ def main(argv=None) -> int:
     ca.add_argument("--sessions", type=int, help="root sessions of the trace (default: the trace's own)")
     ca.add_argument("--seed", type=int, default=13, help="the trace's seed")
     ca.add_argument("--quick", action="store_true", help="a tiny trace (for smoke runs)")
-    ca.add_argument("--restart", action="store_true",
-                    help="scale to 0 and back between policies instead of relabelling the tokens")  # fmt: skip
+    ca.add_argument(
+        "--restart", action="store_true", help="scale to 0 and back between policies instead of relabelling the tokens"
+    )
     ca.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ca.add_argument("--json", action="store_true", help="print only the JSON line")
     sp = sub.add_parser("spec", help="speculative decoding (none / ngram / eagle3) on the demo model, batch 1 and 8")

@@ -167,8 +167,9 @@ class Bench:
             if model["status"] == "error" or time.monotonic() > deadline:
                 raise SystemExit(f"model {MODEL_NAME} not ready: {model['status']} {model.get('status_message')}")
             await asyncio.sleep(0.5)
-        policy = await self._api("POST", "cache-policies/", {"name": CACHE_POLICY, "block_size": BLOCK_SIZE,
-                                                             "routing": "round_robin"})  # fmt: skip
+        policy = await self._api(
+            "POST", "cache-policies/", {"name": CACHE_POLICY, "block_size": BLOCK_SIZE, "routing": "round_robin"}
+        )
         self.policy_id = policy["id"]
         deployment = {"slug": SLUG, "model": MODEL_NAME, "replicas": REPLICAS, "max_model_len": MAX_MODEL_LEN,
                       "cache_policy": CACHE_POLICY}  # fmt: skip
@@ -208,8 +209,9 @@ class Bench:
                 for sample in family.samples
                 if sample.name in (REACHABLE, ROUTED) and sample.labels.get("deployment") == SLUG}  # fmt: skip
 
-    async def _request(self, http: httpx.AsyncClient, prompt: list[int], key: str | None,
-                       session: int = -1, turn: int = 0) -> Result:  # fmt: skip
+    async def _request(
+        self, http: httpx.AsyncClient, prompt: list[int], key: str | None, session: int = -1, turn: int = 0
+    ) -> Result:
         body = {"model": SLUG, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
         headers = {"Authorization": f"Bearer {self.stack.key}"}
@@ -317,19 +319,25 @@ def report(summary: dict[str, dict], details: dict[str, dict], quiet: bool) -> N
     base = summary.get("round_robin")
     for name, row in summary.items():
         d = details[name]
-        line = (f"{name:17s} hit {row['hit_rate']:6.1%} of ideal {row['ideal_hit_rate']:.1%} "
-                f"({_ratio(row['hit_rate'], row['ideal_hit_rate'])})  TTFT p50 {row['ttft_p50_ms']:7.1f} ms "
-                f"p90 {row['ttft_p90_ms']:7.1f} ms  {row['tok_s']:6.1f} tok/s  "
-                f"imbalance {row['imbalance']:.2f}")  # fmt: skip
+        line = (
+            f"{name:17s} hit {row['hit_rate']:6.1%} of ideal {row['ideal_hit_rate']:.1%} "
+            f"({_ratio(row['hit_rate'], row['ideal_hit_rate'])})  TTFT p50 {row['ttft_p50_ms']:7.1f} ms "
+            f"p90 {row['ttft_p90_ms']:7.1f} ms  {row['tok_s']:6.1f} tok/s  "
+            f"imbalance {row['imbalance']:.2f}"
+        )
         if base is not None and name != "round_robin":
-            line += (f"  | vs round_robin: TTFT p50 {_ratio(base['ttft_p50_ms'], row['ttft_p50_ms'])} lower, "
-                     f"p90 {_ratio(base['ttft_p90_ms'], row['ttft_p90_ms'])} lower, "
-                     f"hit {_ratio(row['hit_rate'], base['hit_rate'])}")  # fmt: skip
+            line += (
+                f"  | vs round_robin: TTFT p50 {_ratio(base['ttft_p50_ms'], row['ttft_p50_ms'])} lower, "
+                f"p90 {_ratio(base['ttft_p90_ms'], row['ttft_p90_ms'])} lower, "
+                f"hit {_ratio(row['hit_rate'], base['hit_rate'])}"
+            )
         log(line, quiet)
-        log(f"{'':17s} {d['requests']} requests ({d['errors']} failed), {d['wall_s']:.1f} s; per replica "
+        log(
+            f"{'':17s} {d['requests']} requests ({d['errors']} failed), {d['wall_s']:.1f} s; per replica "
             f"{d['per_replica']}, distinct prompt blocks {d['blocks']} (capacity {d['capacity']}); reachable hit "
             f"(gateway) {d['reachable']}; predicted/actual cached {d['predicted_vs_actual']}; reasons {d['reasons']}",
-            quiet)  # fmt: skip
+            quiet,
+        )
     if base is None:
         return
     for name, share in (("session", 0.9), ("kv_aware", 0.8)):
@@ -338,10 +346,12 @@ def report(summary: dict[str, dict], details: dict[str, dict], quiet: bool) -> N
             continue
         of_ideal = row["hit_rate"] / row["ideal_hit_rate"] if row["ideal_hit_rate"] else 0.0
         speedup = base["ttft_p50_ms"] / row["ttft_p50_ms"] if row["ttft_p50_ms"] else 0.0
-        log(f"target {name}: hit {of_ideal:.1%} of ideal (>= {share:.0%}: {'yes' if of_ideal >= share else 'NO'}), "
+        log(
+            f"target {name}: hit {of_ideal:.1%} of ideal (>= {share:.0%}: {'yes' if of_ideal >= share else 'NO'}), "
             f"imbalance {row['imbalance']:.2f} (<= 1.3: {'yes' if row['imbalance'] <= 1.3 else 'NO'}), "
             f"TTFT p50 {speedup:.2f}x lower than round_robin (>= 3x: {'yes' if speedup >= 3 else 'NO'})",
-            quiet)  # fmt: skip
+            quiet,
+        )
 
 
 def _details(results: list[Result], wall: float, ids: list[int], counters: dict, trace: Trace) -> dict:
@@ -386,8 +396,9 @@ async def _main(args) -> dict:
         f"{trace.prompt_tokens} prompt tokens, contexts up to {max(e for s in trace.sessions for e in s.ends)} "
         f"tokens; ideal hit rate {ideal:.1%}", quiet)  # fmt: skip
     bench_model()  # before the stack: creating it takes torch and a few seconds
-    log(f"starting make run on its own Redis; {REPLICAS} replicas x 1 thread, {KV_CACHE_BYTES >> 20} MiB KV each",
-        quiet)  # fmt: skip
+    log(
+        f"starting make run on its own Redis; {REPLICAS} replicas x 1 thread, {KV_CACHE_BYTES >> 20} MiB KV each", quiet
+    )
     t = time.monotonic()
     with environ(REPLICA_CPU_KV_BYTES=str(KV_CACHE_BYTES)):  # the node agent fills it into every CPU spec
         stack = Stack(quiet, hang_seconds=30.0)

@@ -150,8 +150,9 @@ class Stack:
 
     async def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         async with httpx.AsyncClient(timeout=10) as http:
-            r = await http.request(method, f"{self.base}/api/v1/{path}", json=body,
-                                   headers={"Authorization": f"Bearer {self.token}"})  # fmt: skip
+            r = await http.request(
+                method, f"{self.base}/api/v1/{path}", json=body, headers={"Authorization": f"Bearer {self.token}"}
+            )
             return r.status_code, (r.json() if r.content else {})
 
     async def ready_replicas(self) -> list[dict]:
@@ -341,13 +342,17 @@ async def _main(args) -> dict:
             results[name] = await run_fault(name, stack, load, quiet)
         await load.stop()
         steady = [r for r in load.records if r.ok]
-        log(f"load: {len(load.records)} requests, {len(steady)} served, "
-            f"{sum(r.cut for r in load.records)} cut streams", quiet)  # fmt: skip
+        log(
+            f"load: {len(load.records)} requests, {len(steady)} served, {sum(r.cut for r in load.records)} cut streams",
+            quiet,
+        )
         held, lost = (0, 0)
         if args.streams:
             held, lost, errors = await hold_streams(stack, args.streams, args.stream_tokens)
-            log(f"{args.streams} concurrent streams: {held} held, {lost} lost" + (f": {errors[:3]}" if errors else ""),
-                quiet)  # fmt: skip
+            log(
+                f"{args.streams} concurrent streams: {held} held, {lost} lost" + (f": {errors[:3]}" if errors else ""),
+                quiet,
+            )
         return {"faults": results, "streams_held": held, "streams_lost": lost}
     finally:
         stack.close(keep=args.keep)

@@ -134,8 +134,9 @@ class Setup:
 
     def send(self, rid: str, req: Request, replica: int, prefill: int | None) -> None:
         params = self.protocol.WireSamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
-        message = self.protocol.GenerateMessage(rid, self.channel, params, prompt_token_ids=req.prompt,
-                                                prefill_replica=prefill)  # fmt: skip
+        message = self.protocol.GenerateMessage(
+            rid, self.channel, params, prompt_token_ids=req.prompt, prefill_replica=prefill
+        )
         req.replica = replica
         self.requests[rid] = req
         req.sent_at = time.monotonic()
@@ -238,12 +239,16 @@ def run(args) -> int:
     c, d = results["colocated"], results["disaggregated"]
     gib_s = kv.get("bytes_sent", 0) / max(kv.get("transfer_seconds", 0), 1e-9) / (1 << 30)
     identical = all(a.tokens == b.tokens for a, b in zip(colo_reqs, dis_reqs, strict=True))
-    say(f"KV moved: {kv.get('bytes_sent', 0) / (1 << 20):.1f} MiB in {kv.get('blocks_sent', 0)} blocks at "
-        f"{gib_s:.2f} GiB/s; greedy outputs identical: {identical}")  # fmt: skip
-    say(f"p90 ITL {c['itl_p90_ms']} -> {d['itl_p90_ms']} ms ({c['itl_p90_ms'] / d['itl_p90_ms']:.2f}x lower, "
+    say(
+        f"KV moved: {kv.get('bytes_sent', 0) / (1 << 20):.1f} MiB in {kv.get('blocks_sent', 0)} blocks at "
+        f"{gib_s:.2f} GiB/s; greedy outputs identical: {identical}"
+    )
+    say(
+        f"p90 ITL {c['itl_p90_ms']} -> {d['itl_p90_ms']} ms ({c['itl_p90_ms'] / d['itl_p90_ms']:.2f}x lower, "
         f"target >= 3x); TTFT p50 {c['ttft_p50_ms']} -> {d['ttft_p50_ms']} ms "
         f"({d['ttft_p50_ms'] / c['ttft_p50_ms']:.2f}x, target <= 1.5x); "
-        f"tok/s {c['tok_s']} -> {d['tok_s']}")  # fmt: skip
+        f"tok/s {c['tok_s']} -> {d['tok_s']}"
+    )
     print(
         json.dumps(
             {

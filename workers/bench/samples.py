@@ -81,8 +81,10 @@ def run(args) -> int:
         sides = (("forked (shared blocks)", forked), ("independent requests", independent),
                  ("independent, no prefix cache", uncached))  # fmt: skip
         for name, r in sides:
-            print(f"  {name:30s} computed {r['tokens_computed']:6d} tokens, peak {r['peak_blocks']:4d} blocks, "
-                  f"{r['wall_s']:.3f} s")  # fmt: skip
+            print(
+                f"  {name:30s} computed {r['tokens_computed']:6d} tokens, peak {r['peak_blocks']:4d} blocks, "
+                f"{r['wall_s']:.3f} s"
+            )
         print(f"  independent / forked: {ratios}; same outputs: {same}")
     print(json.dumps(result))
     return 0 if same else 1

@@ -292,9 +292,10 @@ def run(args) -> int:
         for w in WORKLOADS
     }
     say(
-        f"model {_short(args.model)}" + (f", draft {_short(args.draft)}" if "eagle3" in methods else "")
+        f"model {_short(args.model)}"
+        + (f", draft {_short(args.draft)}" if "eagle3" in methods else "")
         + f"; k = {args.k}; {args.threads} torch thread(s); greedy; {rounds} rounds, methods rotated each round"
-    )  # fmt: skip
+    )
     say(
         f"workloads: {n[1]} prompts at batch 1, {n[8]} at batch 8, of each of tool_calls and chat (seed {args.seed}; "
         f"{dropped} drawn chats dropped as prompts the demo model trained on)"
@@ -342,8 +343,10 @@ def run(args) -> int:
                 )
 
     say("")
-    say(f"{'workload':<11} {'batch':>5} {'method':<7} {'tok/s':>8} {'speed-up':>9} {'accept len':>10}  "
-        f"{'accepted at position 1..k (share of draft runs)':<48} identical")  # fmt: skip
+    say(
+        f"{'workload':<11} {'batch':>5} {'method':<7} {'tok/s':>8} {'speed-up':>9} {'accept len':>10}  "
+        f"{'accepted at position 1..k (share of draft runs)':<48} identical"
+    )
     for row in rows:
         length = f"{row['acceptance_length']:.2f}" if row["acceptance_length"] is not None else "-"
         per_pos = " ".join(f"{x:.2f}" for x in row["_per_position"]) or "-"
@@ -374,8 +377,10 @@ def run(args) -> int:
     for line in _bounds(results, rows, methods, args.k):
         say("  " + line)
     say("")
-    say("what bounds it on any machine (ops dispatched and weight bytes read; median over "
-        f"{WORK_PROMPTS} prompts a workload, counted apart from the timed rounds):")  # fmt: skip
+    say(
+        "what bounds it on any machine (ops dispatched and weight bytes read; median over "
+        f"{WORK_PROMPTS} prompts a workload, counted apart from the timed rounds):"
+    )
     for line in _work_bounds(work, weights, rows, methods, args.k):
         say("  " + line)
     for w in WORKLOADS:
@@ -418,8 +423,10 @@ def _targets(rows: list[dict], methods: list[str]) -> list[str]:
             f"batch 1 eagle3 mean acceptance length >= {TARGET_ACCEPTANCE_EAGLE3} on {workload}: {got} {verdict(ok)}"
         )
     differ = [f"{r['workload']} b{r['batch']} {r['method']}" for r in rows if not r["identical"]]
-    lines.append(f"greedy outputs identical to none's everywhere: {verdict(not differ)}"
-                 + (f" (differ: {', '.join(differ)})" if differ else ""))  # fmt: skip
+    lines.append(
+        f"greedy outputs identical to none's everywhere: {verdict(not differ)}"
+        + (f" (differ: {', '.join(differ)})" if differ else "")
+    )
     b8 = [r for r in rows if r["batch"] == 8 and r["method"] != "none"]
     worst = min(b8, key=lambda r: r["speedup"], default=None)
     lines.append(

@@ -94,8 +94,9 @@ def _valid_fraction(llm, prompts, constrained: bool) -> float:
 
     valid = total = 0
     for i, schema in enumerate(SCHEMAS):
-        params = SamplingParams(temperature=0.0, max_tokens=128,
-                                grammar={"type": "json_schema", "schema": schema} if constrained else None)  # fmt: skip
+        params = SamplingParams(
+            temperature=0.0, max_tokens=128, grammar={"type": "json_schema", "schema": schema} if constrained else None
+        )
         batch = [prompts[(i + j) % len(prompts)] for j in range(len(prompts))]
         for out in llm.generate([{"prompt_token_ids": p} for p in batch], params):
             total += 1
@@ -115,8 +116,9 @@ def run(args) -> int:
     tok = llm.engine.tokenizer
     prompts = [tok.prompt_ids(messages=[{"role": "user", "content": q}]) for q in QUESTIONS]
     free = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS, ignore_eos=True)
-    constrained = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS, grammar={"type": "json_schema",
-                                                                                      "schema": LONG})  # fmt: skip
+    constrained = SamplingParams(
+        temperature=0.0, max_tokens=DECODE_TOKENS, grammar={"type": "json_schema", "schema": LONG}
+    )
     rates: dict[tuple[int, bool], list[float]] = {(b, c): [] for b in BATCHES for c in (False, True)}
     for r in range(args.rounds):
         for b in BATCHES:
@@ -132,8 +134,10 @@ def run(args) -> int:
     if not args.json:
         for b in BATCHES:
             base, con = (statistics.median(rates[(b, c)]) for c in (False, True))
-            print(f"batch {b}: free {base:.1f} tok/s, JSON-schema constrained {con:.1f} tok/s "
-                  f"(cost {1 - con / base:+.1%})")  # fmt: skip
+            print(
+                f"batch {b}: free {base:.1f} tok/s, JSON-schema constrained {con:.1f} tok/s "
+                f"(cost {1 - con / base:+.1%})"
+            )
         print(
             f"constrained answers valid: {valid[True]:.1%} of {len(SCHEMAS) * len(prompts)} "
             f"(free answers: {valid[False]:.1%}); target: cost <= {TARGET_COST_B8:.0%} at batch 8, 100% valid"

@@ -428,8 +428,9 @@ def single_prompt(model: str, workdir: Path, quiet: bool) -> dict:
         recompute, _, _ = ttft(a, f"x{n}", p, turn=True)
         a.call("flush")
         loaded, _, by_tier = ttft(b, f"y{n}", p)
-        crossover.append({"prefix_tokens": n, "recompute_ms": recompute, "store_ms": loaded,
-                          "from_store": by_tier.get("store", 0)})  # fmt: skip
+        crossover.append(
+            {"prefix_tokens": n, "recompute_ms": recompute, "store_ms": loaded, "from_store": by_tier.get("store", 0)}
+        )
     a.stop()
     b.stop()
     stop_store(master, pool)

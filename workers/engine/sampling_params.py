@@ -85,8 +85,9 @@ def check_logit_bias(bias) -> dict[int, float] | None:
     if bias is None or bias == {}:
         return None
     if not isinstance(bias, dict):
-        raise RequestError(f"logit_bias must be an object mapping token ids to numbers, got {type(bias).__name__}",
-                           "logit_bias")  # fmt: skip
+        raise RequestError(
+            f"logit_bias must be an object mapping token ids to numbers, got {type(bias).__name__}", "logit_bias"
+        )
     if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
         raise RequestError(f"logit_bias has more than {MAX_LOGIT_BIAS_ENTRIES} entries", "logit_bias")
     out: dict[int, float] = {}

@@ -125,8 +125,9 @@ def check_refs(schema: dict, param: str, *, resolve: bool = False) -> None:
                 raise RequestError(f"remote $ref {ref[:200]!r} is not supported; inline the schema (refer to its "
                                    "parts with '#/$defs/...')", param)  # fmt: skip
             if ref != "#" and not ref.startswith("#/"):
-                raise RequestError(f"$ref {ref[:200]!r} is not supported: refer to '#' or a JSON pointer such as "
-                                   "'#/$defs/name'", param)  # fmt: skip
+                raise RequestError(
+                    f"$ref {ref[:200]!r} is not supported: refer to '#' or a JSON pointer such as '#/$defs/name'", param
+                )
             if resolve and not _resolves(schema, ref):
                 raise RequestError(f"$ref {ref[:200]!r} points at nothing in the schema", param)
         stack.extend(_subschemas(node))

@@ -147,8 +147,9 @@ class Disaggregation:
             return False
         deadline = time.time() + self.timeout
         self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica, session_turn)
-        message = PrefillMessage(rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline,
-                                 session_turn)  # fmt: skip
+        message = PrefillMessage(
+            rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline, session_turn
+        )
         self._send(protocol.requests_key(prefill_replica), message)
         return True
 
@@ -233,8 +234,9 @@ class Disaggregation:
         if req is not None:
             req.meta["fallback"] = reason
         try:
-            self.engine.add_request(rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params),
-                                    session_turn=handoff.session_turn)  # fmt: skip
+            self.engine.add_request(
+                rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params), session_turn=handoff.session_turn
+            )
         except RequestError as exc:  # cannot happen for a request that was accepted; be safe
             self.server.fail(rid, str(exc))
 

@@ -231,8 +231,9 @@ class ReplicaServer:
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             if not (self.disagg and prefill is not None
                     and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn)):  # fmt: skip
-                self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
-                                        emitted_text_len=text_sent, session_turn=turn)  # fmt: skip
+                self.engine.add_request(
+                    rid, prompt_ids, params, output_token_ids=output_ids, emitted_text_len=text_sent, session_turn=turn
+                )
         except (RequestError, MessageError) as exc:
             # The engine names prompt problems `prompt`; a chat request sent `messages`.
             param = "messages" if exc.param == "prompt" and chat else exc.param
@@ -248,8 +249,9 @@ class ReplicaServer:
             # render...): the details go to the log, the client gets which part to fix.
             log.warning("request %s refused: %s: %s", rid, type(exc).__name__, exc)
             param = "messages" if chat else "prompt"
-            self._send(reply_to, ErrorEvent(rid, 400, f"the request's {param} could not be read", param,
-                                            "invalid_value"))  # fmt: skip
+            self._send(
+                reply_to, ErrorEvent(rid, 400, f"the request's {param} could not be read", param, "invalid_value")
+            )
             return
         except Exception:  # a bug met by this request alone must not end every other one
             log.exception("admitting request %s failed", rid)
@@ -338,8 +340,9 @@ class ReplicaServer:
         self.engine.abort_request(rid)  # a no-op when the engine ended every sample, as it does
         self.metrics.requests_errored += 1
         cause = cause or "an unknown error"
-        log.error("request %s failed in the engine: %s; the other %d request(s) carry on", rid, cause,
-                  len(self.inflight))  # fmt: skip
+        log.error(
+            "request %s failed in the engine: %s; the other %d request(s) carry on", rid, cause, len(self.inflight)
+        )
         message = f"the engine failed on request {rid}: {cause}; other requests were not affected"
         self._send(req.reply_to, ErrorEvent(rid, 500, message, code=protocol.ENGINE_ERROR))
 

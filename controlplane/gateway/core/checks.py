@@ -104,8 +104,9 @@ def logit_bias(value) -> dict[str, float] | None:
         if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= INT32_MAX):
             raise bad(f"'logit_bias' keys must be token ids (non-negative integers), got {show(key)}.", "logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
-            raise bad(f"'logit_bias' values must be numbers, got {show(bias)} for token {key}.", "logit_bias",
-                      "invalid_type")  # fmt: skip
+            raise bad(
+                f"'logit_bias' values must be numbers, got {show(bias)} for token {key}.", "logit_bias", "invalid_type"
+            )
         if not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
             raise bad(f"'logit_bias' values must be between -{LOGIT_BIAS_RANGE} and {LOGIT_BIAS_RANGE}, got {bias} "
                       f"for token {key}.", "logit_bias")  # fmt: skip

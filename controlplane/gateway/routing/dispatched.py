@@ -225,8 +225,9 @@ class Dispatched:
         self._pick = client.register_script(_PICK)
         self._refresh = client.register_script(_REFRESH)
 
-    async def pick(self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0,
-                   own_key: str | None = None) -> Pick:  # fmt: skip
+    async def pick(
+        self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0, own_key: str | None = None
+    ) -> Pick:
         """Choose by `plan` (routing.py's rule, in one atomic step) and count the request against
         the replica chosen; with `affinity_key`, honour and (re)bind the plan's session. `own_key`:
         the recent set of the request's keyless conversation (`router.conversation_recent_key`);

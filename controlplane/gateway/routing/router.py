@@ -91,8 +91,9 @@ def conversation_recent_key(deployment: str, block_hash: int) -> str:
     return f"switchyard:routing:{deployment}:conversation:{block_hash}:recent"
 
 
-async def _conversation(hub: ReplicaHub, cfg: Settings, slug: str, plan: policies.Plan, hashes: list[int],
-                        cached: dict[int, int]) -> int | None:  # fmt: skip
+async def _conversation(
+    hub: ReplicaHub, cfg: Settings, slug: str, plan: policies.Plan, hashes: list[int], cached: dict[int, int]
+) -> int | None:
     """A keyless prompt's conversation, as the block it began at, so that its requests count as
     one conversation's (a session key's stand-in for `policies.pick`'s rebalancing). A new
     conversation begins at its first block past the longest cached prefix (registered here for
@@ -159,8 +160,9 @@ def _prefill_score(status: ReplicaStatus) -> tuple:
     return (int(load.get("prefill_tokens_inflight", 0)), int(load.get("waiting", 0)))
 
 
-async def _facts(hub: ReplicaHub, cfg: Settings, slug: str, ids: list[int], session: str | None,
-                 hashes: list[int]) -> tuple[int | None, dict[int, int], int]:  # fmt: skip
+async def _facts(
+    hub: ReplicaHub, cfg: Settings, slug: str, ids: list[int], session: str | None, hashes: list[int]
+) -> tuple[int | None, dict[int, int], int]:
     """The session's binding and the round-robin turn (each read only when the policy uses it),
     and the leading prompt blocks each replica holds."""
     bound = cached = turn = None
@@ -228,8 +230,9 @@ async def choose(
     if prompt_ids:
         predicted = cached.get(picked.replica_id, 0) * block_size
         await quality.record(hub.redis, deployment.slug, plan, picked, cached, len(prompt_ids), block_size)
-    route = Route(picked.replica_id, reason, dict(live)[picked.replica_id].incarnation or None,
-                  predicted_cached_tokens=predicted)  # fmt: skip
+    route = Route(
+        picked.replica_id, reason, dict(live)[picked.replica_id].incarnation or None, predicted_cached_tokens=predicted
+    )
     if disaggregated:
         if prefills:
             route.prefill_replica_id = min(prefills, key=lambda pair: (_prefill_score(pair[1]), pair[0]))[0]

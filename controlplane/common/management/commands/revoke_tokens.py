@@ -24,8 +24,9 @@ class Command(BaseCommand):
             for t in ManagementToken.objects.filter(user=user):
                 state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "live"
                 used = f"{t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "never"
-                self.stdout.write(f"{t.prefix}…  {t.name or '-'}  created {t.created_at:%Y-%m-%d %H:%M}  "
-                                  f"last used {used}  {state}")  # fmt: skip
+                self.stdout.write(
+                    f"{t.prefix}…  {t.name or '-'}  created {t.created_at:%Y-%m-%d %H:%M}  last used {used}  {state}"
+                )
             return
         if prefix is not None and len(prefix) < PREFIX_LENGTH:
             raise CommandError(f"--prefix needs the token's first {PREFIX_LENGTH} characters (as `--list` shows them)")

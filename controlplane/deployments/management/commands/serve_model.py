@@ -65,8 +65,9 @@ class Command(BaseCommand):
                     serve_directory.wait_answers(url, served.api_key, name, left)
                     self.say(f"{name!r} answered a completion through {url} after {time.monotonic() - started:.0f} s")
                 else:
-                    self.say(f"{name!r} is ready, but no gateway answers at {url} (start it with `make run`, or "
-                             "give --url)")  # fmt: skip
+                    self.say(
+                        f"{name!r} is ready, but no gateway answers at {url} (start it with `make run`, or give --url)"
+                    )
         except serve_directory.ServeError as exc:
             raise CommandError(str(exc)) from None
         if not options["no_instructions"]:

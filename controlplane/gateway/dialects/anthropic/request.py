@@ -29,10 +29,12 @@ UNSUPPORTED = {
     "context_management": (([],), "'context_management' is not supported: the conversation is sent as it is."),
     "inference_geo": (([],), "'inference_geo' is not supported: a deployment runs where its replicas are."),
     "diagnostics": (([],), "'diagnostics' is not supported."),
-    "user_profile_id": (([],), "'user_profile_id' is not supported: API keys, not user profiles, identify callers "
-                        "here."),
+    "user_profile_id": (
+        ([],),
+        "'user_profile_id' is not supported: API keys, not user profiles, identify callers here.",
+    ),
     "workspace_id": (([],), "'workspace_id' is not supported: API keys, not workspaces, scope callers here."),
-}  # fmt: skip
+}
 
 
 # Answered in Anthropic's error shape, even by the ASGI handler.
@@ -244,8 +246,7 @@ def _output_format(value) -> dict | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise bad("output_config.format: must be {\"type\": \"json_schema\", \"schema\": {...}}.",
-                  "output_config.format")  # fmt: skip
+        raise bad('output_config.format: must be {"type": "json_schema", "schema": {...}}.', "output_config.format")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
@@ -253,8 +254,9 @@ def _settings(body: dict) -> None:
     """The accepted parameters that must ask for nothing beyond what is built."""
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
-        raise bad("thinking: only {\"type\": \"disabled\"} is supported: no reasoning model is served.", "thinking",
-                  "unsupported")  # fmt: skip
+        raise bad(
+            'thinking: only {"type": "disabled"} is supported: no reasoning model is served.', "thinking", "unsupported"
+        )
     if body.get("service_tier") not in (None, "auto", "standard_only"):
         raise bad("service_tier: must be 'auto' or 'standard_only'.", "service_tier")
     if body.get("speed") not in (None, "standard"):

@@ -78,8 +78,10 @@ class MessageBuilder:
             return {"type": "text", "text": item.text}
         arguments = tool_input(item)
         if arguments is None:  # not an object: shown as the model wrote it
-            return {"type": "text", "text": f"{OPEN}{json.dumps({'name': item.name, 'arguments': item.arguments})}"
-                    f"{CLOSE}"}  # fmt: skip
+            return {
+                "type": "text",
+                "text": f"{OPEN}{json.dumps({'name': item.name, 'arguments': item.arguments})}{CLOSE}",
+            }
         return {"type": "tool_use", "id": "toolu_" + item.id.removeprefix("call_"), "name": item.name,
                 "input": arguments}  # fmt: skip
 

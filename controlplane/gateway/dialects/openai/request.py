@@ -34,9 +34,11 @@ UNSUPPORTED = {
     "best_of": ((1,), "'best_of' must be 1: best-of sampling is not supported yet."),
     "echo": ((False,), "'echo' is not supported yet."),
     "suffix": (("",), "'suffix' (insertion) is not supported yet."),
-    "parallel_tool_calls": ((True,), "'parallel_tool_calls': false is not supported yet: the model may call "
-                            "several tools in one answer."),
-    "service_tier": (("auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not supported yet."),
+    "parallel_tool_calls": (
+        (True,),
+        "'parallel_tool_calls': false is not supported yet: the model may call several tools in one answer.",
+    ),
+    "service_tier": (("auto", "default"), '\'service_tier\' other than "auto" or "default" is not supported yet.'),
     "functions": (([],), "'functions' is not supported; use 'tools'."),
     "function_call": ((), "'function_call' is not supported; use 'tool_choice'."),
     "modalities": ((["text"],), "'modalities' other than [\"text\"] is not supported yet."),
@@ -46,7 +48,7 @@ UNSUPPORTED = {
     "reasoning_effort": ((), "'reasoning_effort' is not supported yet: no reasoning model is served."),
     "verbosity": ((), "'verbosity' is not supported yet."),
     "store": ((False,), "'store': true is not supported yet: completions are not stored."),
-}  # fmt: skip
+}
 
 
 def _common(body: dict, kind: str) -> GenerationRequest:
@@ -124,8 +126,10 @@ def _response_format(value) -> dict | None:
         raise bad(f"'{name}.json_schema.strict' must be a boolean.", f"{name}.json_schema.strict", "invalid_type")
     # strict or not, the output is generated to match the schema (constrained decoding).
     schema = spec.get("schema")
-    return {"type": "json_schema",
-            "schema": {} if schema is None else checks.schema(schema, f"{name}.json_schema.schema")}  # fmt: skip
+    return {
+        "type": "json_schema",
+        "schema": {} if schema is None else checks.schema(schema, f"{name}.json_schema.schema"),
+    }
 
 
 def _tool_grammar(tools: list[dict], choice) -> dict:
@@ -140,8 +144,10 @@ def _tool_grammar(tools: list[dict], choice) -> dict:
         functions = [f for f in functions if f["name"] == name]
         if not functions:
             known = ", ".join(t["function"]["name"] for t in tools)
-            raise bad(f"'tool_choice' names the function {show(name)}, which is not in 'tools' ({known}).",
-                      "tool_choice.function.name")  # fmt: skip
+            raise bad(
+                f"'tool_choice' names the function {show(name)}, which is not in 'tools' ({known}).",
+                "tool_choice.function.name",
+            )
     return {
         "type": "tool_call",
         "tools": [{"name": f["name"], "parameters": f.get("parameters") or {}} for f in functions],
@@ -154,10 +160,12 @@ def _tools(tools) -> list[dict] | None:
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(
-        isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+        isinstance(t, dict)
+        and t.get("type", "function") == "function"
+        and isinstance(t.get("function"), dict)
         and isinstance(t["function"].get("name"), str)
         for t in tools
-    ):  # fmt: skip
+    ):
         raise bad('\'tools\' must be a list of {"type": "function", "function": {"name": ...}}.', "tools")
     problem = tool_name_problem([t["function"]["name"] for t in tools])
     if problem is not None:
@@ -235,8 +243,9 @@ def parse_chat(body: dict) -> GenerationRequest:
         out = {"role": "system" if role == "developer" else role, "content": _message_text(m.get("content"), i)}
         if role == "assistant" and m.get("tool_calls"):
             calls = m["tool_calls"]
-            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                                      for c in calls):  # fmt: skip
+            if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+            ):
                 raise bad("'tool_calls' must be a list of function calls.", f"messages[{i}].tool_calls")
             out["tool_calls"] = calls
         if role == "tool" and m.get("tool_call_id"):

@@ -190,12 +190,14 @@ def _completion_whole(req, gen, events: list[DeltaEvent]) -> dict:
     choices = []
     for i, evs in enumerate(by_choice):
         logprobs = [lp for event in evs for lp in event.logprobs or []]
-        choices.append({
-            "index": i,
-            "text": "".join(event.text for event in evs),
-            "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
-            "finish_reason": finish_reason(evs[-1].finish_reason, False),
-        })  # fmt: skip
+        choices.append(
+            {
+                "index": i,
+                "text": "".join(event.text for event in evs),
+                "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs else None,
+                "finish_reason": finish_reason(evs[-1].finish_reason, False),
+            }
+        )
     usage = _usage([evs[-1] for evs in by_choice])
     return resume_note(gen, {**_envelope(req, gen, "text_completion", choices), "usage": usage})
 

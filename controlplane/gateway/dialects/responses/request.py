@@ -97,8 +97,9 @@ def _text_parts(content, param: str, kinds: tuple[str, ...]) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in kinds:
             if kind in ("input_image", "input_file", "input_audio"):
-                raise bad(f"'{where}': {kind} content is not supported: the served models read text.", where,
-                          "unsupported")  # fmt: skip
+                raise bad(
+                    f"'{where}': {kind} content is not supported: the served models read text.", where, "unsupported"
+                )
             raise bad(f"'{where}.type' must be one of {', '.join(kinds)}, got {json.dumps(kind)}.", f"{where}.type")
         texts.append(_string(part.get("text"), f"{where}.text"))
     return "".join(texts)
@@ -128,8 +129,7 @@ def input_messages(value) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role not in ROLES:
-                raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}, got {json.dumps(role)}.",
-                          f"{where}.role")  # fmt: skip
+                raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}, got {json.dumps(role)}.", f"{where}.role")
             kinds = ("output_text", "text") if role == "assistant" else ("input_text", "text")
             text = _text_parts(item.get("content"), f"{where}.content", kinds)
             out.append({"role": ROLES[role], "content": text})
@@ -137,9 +137,11 @@ def input_messages(value) -> list[dict]:
             call = {
                 "id": _call_id(item.get("call_id"), f"{where}.call_id"),
                 "type": "function",
-                "function": {"name": _string(item.get("name"), f"{where}.name", empty=False),
-                             "arguments": _string(item.get("arguments"), f"{where}.arguments")},
-            }  # fmt: skip
+                "function": {
+                    "name": _string(item.get("name"), f"{where}.name", empty=False),
+                    "arguments": _string(item.get("arguments"), f"{where}.arguments"),
+                },
+            }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":  # one assistant turn: its text and its calls
                 last.setdefault("tool_calls", []).append(call)
@@ -148,8 +150,9 @@ def input_messages(value) -> list[dict]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = _text_parts(output, f"{where}.output", ("input_text",))
-            out.append({"role": "tool", "tool_call_id": _call_id(item.get("call_id"), f"{where}.call_id"),
-                        "content": text})  # fmt: skip
+            out.append(
+                {"role": "tool", "tool_call_id": _call_id(item.get("call_id"), f"{where}.call_id"), "content": text}
+            )
         else:
             raise bad(f"'{where}.type' {json.dumps(kind)} is not supported: input items are messages, function_call "
                       "and function_call_output.", f"{where}.type", "unsupported")  # fmt: skip
@@ -205,8 +208,7 @@ def _tool_choice(value) -> tuple[str | dict, str | dict]:
     if kind is not None:
         raise bad(f"'tool_choice' of type {json.dumps(kind)} is not supported: use \"auto\", \"none\", \"required\" "
                   'or {"type": "function", "name": ...}.', "tool_choice.type", "unsupported")  # fmt: skip
-    raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}.",
-              "tool_choice")  # fmt: skip
+    raise bad('\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "name": ...}.', "tool_choice")
 
 
 def _text_format(value) -> tuple[dict, dict | None]:
@@ -229,8 +231,10 @@ def _text_format(value) -> tuple[dict, dict | None]:
     if kind in ("text", "json_object"):
         return fmt, {"type": kind}
     if kind != "json_schema":
-        raise bad(f"'text.format.type' must be 'text', 'json_object' or 'json_schema', got {json.dumps(kind)}.",
-                  "text.format.type")  # fmt: skip
+        raise bad(
+            f"'text.format.type' must be 'text', 'json_object' or 'json_schema', got {json.dumps(kind)}.",
+            "text.format.type",
+        )
     spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
     return fmt, {"type": "json_schema", "json_schema": spec}
 
@@ -261,8 +265,9 @@ def parse_responses(body: dict) -> ResponsesRequest:
             raise bad("'stream_options.include_obfuscation': true is not supported: stream events carry no padding.",
                       "stream_options.include_obfuscation", "unsupported")  # fmt: skip
     max_output = body.get("max_output_tokens")
-    if max_output is not None and (not isinstance(max_output, int) or isinstance(max_output, bool)
-                                   or not 1 <= max_output <= INT32_MAX):  # fmt: skip
+    if max_output is not None and (
+        not isinstance(max_output, int) or isinstance(max_output, bool) or not 1 <= max_output <= INT32_MAX
+    ):
         raise bad(f"'max_output_tokens' must be an integer between 1 and {INT32_MAX}.", "max_output_tokens")
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):

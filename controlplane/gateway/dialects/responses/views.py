@@ -73,8 +73,10 @@ class ResponseBuilder:
         return body
 
     def start(self) -> list[dict]:
-        return [self.event("response.created", response=self.response("in_progress")),
-                self.event("response.in_progress", response=self.response("in_progress"))]  # fmt: skip
+        return [
+            self.event("response.created", response=self.response("in_progress")),
+            self.event("response.in_progress", response=self.response("in_progress")),
+        ]
 
     def feed(self, delta: DeltaEvent) -> list[dict]:
         """The stream events `delta` makes; the final one ends with `response.completed` (or
@@ -99,8 +101,10 @@ class ResponseBuilder:
         item = {"id": f"msg_{_hex()}", "type": "message", "status": "in_progress", "role": "assistant", "content": []}
         self.output.append(item)
         where = {"item_id": item["id"], "output_index": change.index}
-        return [self.event("response.output_item.added", output_index=change.index, item=dict(item)),
-                self.event("response.content_part.added", **where, content_index=0, part=_text_part(""))]  # fmt: skip
+        return [
+            self.event("response.output_item.added", output_index=change.index, item=dict(item)),
+            self.event("response.content_part.added", **where, content_index=0, part=_text_part("")),
+        ]
 
     def _grew(self, change: Grew) -> list[dict]:
         where = {"item_id": self.output[change.index]["id"], "output_index": change.index, "content_index": 0}
@@ -111,9 +115,11 @@ class ResponseBuilder:
         text = self.items.items[change.index].text
         item["content"], item["status"] = [_text_part(text)], "completed"
         where = {"item_id": item["id"], "output_index": change.index, "content_index": 0}
-        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=_text_part(text)),
-                self.event("response.output_item.done", output_index=change.index, item=item)]  # fmt: skip
+        return [
+            self.event("response.output_text.done", **where, text=text, logprobs=[]),
+            self.event("response.content_part.done", **where, part=_text_part(text)),
+            self.event("response.output_item.done", output_index=change.index, item=item),
+        ]
 
     def _called(self, change: Called) -> list[dict]:
         call = change.call
@@ -161,15 +167,17 @@ def _owner(caller: generation.Caller) -> int | None:
 def _history(rid: str, caller: generation.Caller) -> list[dict]:
     row = StoredResponse.objects.filter(pk=rid, owner_id=_owner(caller)).only("conversation").first()
     if row is None:  # never stored (store: false), deleted, or another owner's: the same answer
-        raise bad(f"Previous response with id '{rid}' not found.", "previous_response_id",
-                  "previous_response_not_found")  # fmt: skip
+        raise bad(
+            f"Previous response with id '{rid}' not found.", "previous_response_id", "previous_response_not_found"
+        )
     return row.conversation
 
 
 @sync_to_async
 def _store(builder: ResponseBuilder, caller: generation.Caller, body: dict) -> None:
-    StoredResponse.objects.create(id=builder.id, owner_id=_owner(caller), api_key=caller.key,
-                                  conversation=builder.conversation(), response=body)  # fmt: skip
+    StoredResponse.objects.create(
+        id=builder.id, owner_id=_owner(caller), api_key=caller.key, conversation=builder.conversation(), response=body
+    )
 
 
 @sync_to_async

@@ -61,8 +61,10 @@ def detokenize_text(deployment: Deployment, tokens: list[int]) -> str:
     unknown = next((t for t in tokens if not 0 <= t < tok.vocab_size), None)
     if unknown is not None:
         shown = unknown if abs(unknown) < 10**30 else f"a {unknown.bit_length()}-bit integer"
-        raise bad(f"Token id {shown} in 'tokens' is out of vocabulary: this model's ids are 0 to "
-                  f"{tok.vocab_size - 1}.", "tokens")  # fmt: skip
+        raise bad(
+            f"Token id {shown} in 'tokens' is out of vocabulary: this model's ids are 0 to {tok.vocab_size - 1}.",
+            "tokens",
+        )
     return tok.decode(tokens, skip_special_tokens=False)
 
 
