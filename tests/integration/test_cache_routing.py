@@ -10,25 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 
 import httpx
 import pytest
 import redis
 from django.conf import settings
 
-from tests.support.stack import (
-    committed,
-    demo_model,
-    processes,
-    replica_status,
-    stack_env,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port
+from tests.support.platform import platform
+from tests.support.stack import replica_status, wait_for, wait_ready
 from workers.protocol import kv_blocks
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
@@ -37,26 +26,9 @@ B = 16  # the deployment's KV block size (no cache policy: the default)
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("cache-routing")
-    node, port = f"cache-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("cache-owner")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "cached", "model": model, "replicas": 2})
-            _, secret = create_api_key(name="cache", owner=owner)
-            wait_ready("cached", 2, 120)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as http:
-                yield http
+    cached = {"slug": "cached", "replicas": 2}
+    with platform(django_db_blocker, tmp_path_factory, "cache", deployments=[cached]) as p, p.http() as http:
+        yield http
 
 
 def complete(http: httpx.Client, prompt: list[int], session: str | None = None) -> tuple[dict, httpx.Headers]:

@@ -4,14 +4,11 @@ and a chat with tools, with the official openai client; /detokenize gives the pr
 
 from __future__ import annotations
 
-import uuid
-
 import httpx
 import openai
 import pytest
 
-from tests.support.stack import committed, demo_model, processes, stack_env, wait_online, wait_ready, wait_web
-from workers.bench.processes import free_port
+from tests.support.platform import platform
 from workers.demo.corpus import tool_schemas
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
@@ -19,24 +16,9 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("tokenize")
-    node, port = f"tok-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1")
-    with committed(django_db_blocker):
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_model_len": 384})
-            _, secret = create_api_key(name="tok", owner=get_user_model().objects.create_user("tok-owner"))
-            wait_ready("demo", 1, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield base, secret
+    demo = {"slug": "demo", "replicas": 1, "max_model_len": 384}
+    with platform(django_db_blocker, tmp_path_factory, "tok", deployments=[demo]) as p:
+        yield p.base, p.key
 
 
 def test_tokenize_counts_the_prompt_tokens_a_completion_reports(stack):
