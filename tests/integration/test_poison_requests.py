@@ -17,24 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 import httpx
 import pytest
 
-from tests.support.stack import (
-    committed,
-    demo_model,
-    metric,
-    processes,
-    replica_status,
-    stack_env,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port
+from tests.support.platform import platform
+from tests.support.stack import metric, replica_status, wait_for
 from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.django_db]
@@ -46,35 +34,20 @@ CRASH = {"structured_outputs": {"regex": "switchyard-test-crash"}}
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("poison")
-    node, port = f"poison-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(
-        state, REPLICA_CPU_THREADS="1", SWITCHYARD_TEST_FAULTS="1", REPLICA_MAX_RESTARTS="0", REPLICA_FAILURE_BUDGET="2"
-    )
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("poison-owner")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            pair = create_deployment({"slug": "pair", "model": model, "replicas": 2})
-            _, secret = create_api_key(name="poison", owner=owner)
-            wait_ready("pair", 2, 120)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret, "pair": pair.pk, "logs": state / "logs"}
+    env = {"SWITCHYARD_TEST_FAULTS": "1", "REPLICA_MAX_RESTARTS": "0", "REPLICA_FAILURE_BUDGET": "2"}
+    pair = {"slug": "pair", "replicas": 2}
+    with platform(django_db_blocker, tmp_path_factory, "poison", deployments=[pair], env=env) as p:
+        yield p
 
 
 def serving(stack) -> dict[int, int]:
     """Both replicas ready, heartbeating and idle: {replica id: pid}."""
     from controlplane.deployments.models import Replica
 
+    pair = stack.deployments["pair"]
+
     def ready():
-        ids = list(Replica.objects.filter(deployment_id=stack["pair"], state="ready").values_list("id", flat=True))
+        ids = list(Replica.objects.filter(deployment=pair, state="ready").values_list("id", flat=True))
         statuses = {i: replica_status(i) for i in ids}
         fine = all(
             s.get("state") == "ready"
@@ -91,7 +64,7 @@ def crashes(stack) -> list[dict]:
     from controlplane.deployments.models import Replica
     from controlplane.events.models import Event
 
-    ids = [str(i) for i in Replica.objects.filter(deployment_id=stack["pair"]).values_list("id", flat=True)]
+    ids = [str(i) for i in Replica.objects.filter(deployment=stack.deployments["pair"]).values_list("id", flat=True)]
     return list(
         Event.objects.filter(verb="replica.crashed", object_id__in=ids).order_by("id").values_list("data", flat=True)
     )
@@ -100,7 +73,7 @@ def crashes(stack) -> list[dict]:
 def status(stack) -> str:
     from controlplane.deployments.models import Deployment
 
-    return Deployment.objects.get(pk=stack["pair"]).status
+    return Deployment.objects.get(pk=stack.deployments["pair"].pk).status
 
 
 def body(i: int, **extra) -> dict:
@@ -140,14 +113,14 @@ async def until(predicate, timeout: float, what: str) -> None:
 
 def test_a_request_the_engine_fails_on_fails_once_and_the_others_finish(stack):
     pids = serving(stack)
-    errors_before = metric(stack["base"], "switchyard_engine_request_errors_total", deployment="pair")
-    resumed_before = metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair")
+    errors_before = metric(stack.base, "switchyard_engine_request_errors_total", deployment="pair")
+    resumed_before = metric(stack.base, "switchyard_requests_resumed_total", deployment="pair")
     n = 4
 
     async def main():
         progress = [0] * n
-        headers = {"Authorization": f"Bearer {stack['key']}"}
-        async with httpx.AsyncClient(base_url=stack["base"], headers=headers, timeout=120) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        async with httpx.AsyncClient(base_url=stack.base, headers=headers, timeout=120) as client:
             others = asyncio.gather(*(stream(client, body(i, max_tokens=LONG), progress, i) for i in range(n)))
             await until(lambda: all(progress), 60, "every other request to stream")  # in flight on both replicas
             whole, streamed = await asyncio.gather(
@@ -172,15 +145,15 @@ def test_a_request_the_engine_fails_on_fails_once_and_the_others_finish(stack):
     answered = time.time()
     wait_for(lambda: all(float(replica_status(i).get("heartbeat") or 0) > answered for i in pids), 10,
              "a heartbeat of each replica after the answers")  # fmt: skip
-    assert metric(stack["base"], "switchyard_engine_request_errors_total", deployment="pair") == errors_before + 2
-    assert metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair") == resumed_before
+    assert metric(stack.base, "switchyard_engine_request_errors_total", deployment="pair") == errors_before + 2
+    assert metric(stack.base, "switchyard_requests_resumed_total", deployment="pair") == resumed_before
     assert serving(stack) == pids and crashes(stack) == [] and status(stack) == "running"
 
 
 def test_a_request_that_crashes_replicas_fails_after_two_deaths_and_the_deployment_stays_running(stack):
     serving(stack)
-    headers = {"Authorization": f"Bearer {stack['key']}"}
-    r = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body(0, **CRASH), timeout=120)
+    headers = {"Authorization": f"Bearer {stack.key}"}
+    r = httpx.post(stack.base + "/v1/completions", headers=headers, json=body(0, **CRASH), timeout=120)
     assert r.status_code == 502, r.text
     error = r.json()["error"]
     assert error["code"] == "replicas_lost" and "not sent to another" in error["message"]
@@ -190,14 +163,14 @@ def test_a_request_that_crashes_replicas_fails_after_two_deaths_and_the_deployme
     assert first["exit_code"] == second["exit_code"] == 70
     assert first["counted"] is True and first["request_id"] is None  # nobody could suspect it yet
     assert second["counted"] is False and second["request_id"] == rid
-    assert metric(stack["base"], "switchyard_poison_requests_total", deployment="pair") == 1
-    wait_for(lambda: metric(stack["base"], "switchyard_replica_crashes_total", deployment="pair") == 2, 10,
+    assert metric(stack.base, "switchyard_poison_requests_total", deployment="pair") == 1
+    wait_for(lambda: metric(stack.base, "switchyard_replica_crashes_total", deployment="pair") == 2, 10,
              "the crashes to be counted")  # fmt: skip
-    assert metric(stack["base"], "switchyard_replica_crashes_total", deployment="pair", attributed="true") == 1
+    assert metric(stack.base, "switchyard_replica_crashes_total", deployment="pair", attributed="true") == 1
     # The first replica was given up on and replaced, the second restarted: both serve again, the
     # deployment never failed, and no third replica died of the request.
     assert status(stack) == "running"
     serving(stack)
     assert status(stack) == "running" and len(crashes(stack)) == 2
-    ok = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body(1), timeout=60)
+    ok = httpx.post(stack.base + "/v1/completions", headers=headers, json=body(1), timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections import Counter
 
 import httpx
@@ -15,18 +14,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.support.stack import (
-    committed,
-    demo_model,
-    processes,
-    replica_load,
-    stack_env,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port
+from tests.support.platform import platform
+from tests.support.stack import replica_load, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 LOCAL_PREFILL_TOKENS = 64  # the PD deployment's decode replica prefills shorter prompts itself
@@ -35,27 +24,11 @@ BURST, TRIALS = 8, 5
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("routing")
-    node, port = f"route-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS=str(LOCAL_PREFILL_TOKENS))
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("routing-owner")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "spread", "model": model, "replicas": 2})
-            create_deployment({"slug": "pd", "model": model, "mode": "disaggregated", "replicas": 0,
-                               "prefill_replicas": 1, "decode_replicas": 1})  # fmt: skip
-            _, secret = create_api_key(name="routing", owner=owner)
-            ids = {slug: {r.id: r.role for r in wait_ready(slug, 2, 120)} for slug in ("spread", "pd")}
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret, "replicas": ids}
+    spread = {"slug": "spread", "replicas": 2}
+    pd = {"slug": "pd", "mode": "disaggregated", "replicas": 0, "prefill_replicas": 1, "decode_replicas": 1}
+    env = {"PD_LOCAL_PREFILL_TOKENS": str(LOCAL_PREFILL_TOKENS)}
+    with platform(django_db_blocker, tmp_path_factory, "routing", deployments=[spread, pd], env=env) as p:
+        yield p
 
 
 def _dispatched(replica_id: int) -> int:
@@ -70,13 +43,13 @@ def _idle(replica_ids) -> bool:
 
 async def _burst(stack, n: int) -> list[httpx.Response]:
     body = {"model": "spread", "prompt": "Hello", "max_tokens": 48, "ignore_eos": True, "temperature": 0}
-    headers = {"Authorization": f"Bearer {stack['key']}"}
-    async with httpx.AsyncClient(base_url=stack["base"], headers=headers, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {stack.key}"}
+    async with httpx.AsyncClient(base_url=stack.base, headers=headers, timeout=60) as client:
         return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(n)))
 
 
 def test_a_burst_spreads_over_the_idle_replicas(stack):
-    replicas = sorted(stack["replicas"]["spread"])
+    replicas = sorted(r.id for r in stack.replicas["spread"])
     splits = []
     for _ in range(TRIALS):
         wait_for(lambda: _idle(replicas), 10, "both replicas to be idle")
@@ -90,10 +63,10 @@ def test_a_burst_spreads_over_the_idle_replicas(stack):
 
 
 def test_an_abandoned_request_is_not_counted_once_the_client_has_gone(stack):
-    replicas = sorted(stack["replicas"]["spread"])
+    replicas = sorted(r.id for r in stack.replicas["spread"])
     body = {"model": "spread", "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    headers = {"Authorization": f"Bearer {stack['key']}"}
-    with httpx.stream("POST", stack["base"] + "/v1/completions", json=body, headers=headers, timeout=30) as r:
+    headers = {"Authorization": f"Bearer {stack.key}"}
+    with httpx.stream("POST", stack.base + "/v1/completions", json=body, headers=headers, timeout=30) as r:
         replica = int(r.headers["x-switchyard-replica"])
         lines = r.iter_lines()  # kept: a dropped iterator closes the connection at once
         next(lines)
@@ -105,7 +78,7 @@ def test_an_abandoned_request_is_not_counted_once_the_client_has_gone(stack):
 def _pd_completion(stack, prompt: list[int], stream: bool) -> tuple[httpx.Response, list[dict]]:
     body = {"model": "pd", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": stream}
     response = httpx.post(
-        stack["base"] + "/v1/completions", json=body, timeout=30, headers={"Authorization": f"Bearer {stack['key']}"}
+        stack.base + "/v1/completions", json=body, timeout=30, headers={"Authorization": f"Bearer {stack.key}"}
     )
     assert response.status_code == 200, response.text
     if not stream:
@@ -116,7 +89,7 @@ def _pd_completion(stack, prompt: list[int], stream: bool) -> tuple[httpx.Respon
 
 
 def test_the_prefill_header_names_a_prefill_replica_only_when_it_computed_the_prompt(stack):
-    roles = {role: rid for rid, role in stack["replicas"]["pd"].items()}
+    roles = {r.role: r.id for r in stack.replicas["pd"]}
     short = list(range(20, 20 + LOCAL_PREFILL_TOKENS // 2))  # prefilled by the decode replica itself
     long = list(range(20, 20 + LOCAL_PREFILL_TOKENS * 2))  # handed to the prefill replica
     for stream in (False, True):
