@@ -6,7 +6,6 @@ a tool use round trip, `client.messages.stream`)."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import anthropic
 import httpx
@@ -14,8 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.stack import committed, demo_model, processes, stack_env, wait_online, wait_ready, wait_web
-from workers.bench.processes import free_port
+from tests.support.platform import DEMO, platform
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -28,42 +26,19 @@ CLAUDE_WEATHER = {"name": "get_weather", "description": "Current weather in a ci
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("agentapis")
-    node, port = f"agent-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1")
-    with committed(django_db_blocker):
-        users = get_user_model().objects
-        owner, stranger = users.create_user("agent-owner"), users.create_user("agent-stranger")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
-            _, secret = create_api_key(name="owner", owner=owner)
-            _, other = create_api_key(name="owner-2", owner=owner)
-            _, foreign = create_api_key(name="stranger", owner=stranger)
-            wait_ready("demo", 1, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret, "same_owner": other, "stranger": foreign}
-
-
-def _openai(stack, key="key") -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack[key], max_retries=0, timeout=60)
+    keys = {"key": {}, "same_owner": {}, "stranger": {"owner": "stranger"}}
+    with platform(django_db_blocker, tmp_path_factory, "agent", deployments=[DEMO], keys=keys) as p:
+        yield p
 
 
 @pytest.fixture
 def client(stack):
-    return _openai(stack)
+    return stack.client()
 
 
 @pytest.fixture
 def claude(stack):
-    return anthropic.Anthropic(base_url=stack["base"], api_key=stack["key"], max_retries=0, timeout=60)
+    return anthropic.Anthropic(base_url=stack.base, api_key=stack.key, max_retries=0, timeout=60)
 
 
 # -- Responses ---------------------------------------------------------------------------------------
@@ -179,8 +154,8 @@ def test_previous_response_id_continues_and_store_false_keeps_nothing(stack, cli
     assert continued.usage.input_tokens == chat.usage.prompt_tokens
     # Stored: readable by its owner (any of their keys), not by anyone else's key; deleted, gone.
     assert client.responses.retrieve(first.id).output_text == first.output_text
-    assert _openai(stack, "same_owner").responses.retrieve(first.id).id == first.id
-    stranger = _openai(stack, "stranger")
+    assert stack.client("same_owner").responses.retrieve(first.id).id == first.id
+    stranger = stack.client("stranger")
     with pytest.raises(openai.NotFoundError):
         stranger.responses.retrieve(first.id)
     with pytest.raises(openai.BadRequestError) as err:
@@ -235,7 +210,7 @@ def test_responses_refusals_are_openai_errors(stack, client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model="demo", input="hi", text=bad_schema)
     assert err.value.body["param"].startswith("text.format")
-    denied = httpx.post(stack["base"] + "/v1/responses", json={"model": "demo", "input": "hi"}, timeout=10)
+    denied = httpx.post(stack.base + "/v1/responses", json={"model": "demo", "input": "hi"}, timeout=10)
     assert denied.status_code == 401 and denied.json()["error"]["code"] == "missing_api_key"
 
 
@@ -315,10 +290,10 @@ def test_anthropic_streaming(claude):
 
 
 def test_anthropic_auth_and_errors(stack, claude):
-    url = stack["base"] + "/v1/messages"
+    url = stack.base + "/v1/messages"
     body = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     by_header = httpx.post(
-        url, json=body, headers={"x-api-key": stack["key"], "anthropic-version": "2023-06-01"}, timeout=30
+        url, json=body, headers={"x-api-key": stack.key, "anthropic-version": "2023-06-01"}, timeout=30
     )
     assert by_header.status_code == 200 and by_header.json()["type"] == "message"
     for headers, status, kind in [

@@ -9,7 +9,7 @@ from collections import defaultdict
 import openai
 import pytest
 
-from tests.support.stack import demo_and_pd_stack
+from tests.support.platform import DEMO, DEMO_PD, platform
 from workers.demo import MODEL_DIR
 from workers.protocol.tokenizer import Tokenizer
 
@@ -20,13 +20,14 @@ FREE = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    with demo_and_pd_stack(django_db_blocker, tmp_path_factory.mktemp("parallel"), "choices") as stack:
-        yield stack
+    env = {"PD_LOCAL_PREFILL_TOKENS": "0"}
+    with platform(django_db_blocker, tmp_path_factory, "choices", deployments=[DEMO, DEMO_PD], env=env) as p:
+        yield p
 
 
 @pytest.fixture
 def client(stack):
-    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+    return stack.client()
 
 
 @pytest.mark.parametrize("model", ["demo", "demo-pd"])

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.stack import demo_and_pd_stack
+from tests.support.platform import DEMO, DEMO_PD, platform
 from workers.bench.structured import SCHEMAS
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
@@ -36,13 +36,14 @@ CLOCK = {"type": "function", "function": {"name": "get_time"}}
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    with demo_and_pd_stack(django_db_blocker, tmp_path_factory.mktemp("structured"), "grammar") as stack:
-        yield stack
+    env = {"PD_LOCAL_PREFILL_TOKENS": "0"}
+    with platform(django_db_blocker, tmp_path_factory, "grammar", deployments=[DEMO, DEMO_PD], env=env) as p:
+        yield p
 
 
 @pytest.fixture
 def client(stack):
-    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+    return stack.client()
 
 
 def json_schema(i: int) -> dict:

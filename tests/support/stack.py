@@ -1,7 +1,7 @@
 """Real Switchyard processes for integration tests: web (uvicorn), the control Celery worker and
 a node agent, all on the test database and Redis; and the steps every stack's fixture takes
-around them (the demo model, the node online, a deployment's replicas ready, the web server up).
-Bounded waits only."""
+around them (the demo model, the node online, a deployment's replicas ready, the web server up),
+which tests/support/platform.py puts together for a module. Bounded waits only."""
 
 from __future__ import annotations
 
@@ -165,36 +165,6 @@ def demo_model(name: str = "demo-model"):
     model = validate_model(register_model(name=name, source=str(MODEL_DIR)).pk)
     assert model.status == "ready", model.status_message
     return model
-
-
-@contextmanager
-def demo_and_pd_stack(django_db_blocker, state_dir: Path, label: str):
-    """A stack serving the demo model twice: `demo` (one colocated replica) and `demo-pd` (one
-    prefill, one decode replica); yields {"base", "key"} (an API key for both)."""
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-    from workers.bench.processes import free_port
-
-    node, port = f"{label}-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state_dir, REPLICA_CPU_THREADS="1", PD_LOCAL_PREFILL_TOKENS="0")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user(f"{label}-owner")
-        model = demo_model()
-        with processes(state_dir, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
-            create_deployment(
-                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
-                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
-            )  # fmt: skip
-            _, secret = create_api_key(name="all", owner=owner)
-            wait_ready("demo", 1, 90)
-            wait_ready("demo-pd", 2, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret}
 
 
 def wait_online(node: str, timeout: float = 60) -> None:
