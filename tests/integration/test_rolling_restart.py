@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
 
-from tests.support.stack import committed, demo_model, processes, stack_env, wait_for, wait_online, wait_ready, wait_web
-from workers.bench.processes import free_port
+from tests.support.platform import platform
+from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 
@@ -22,27 +21,10 @@ QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.common.services import create_token
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("rolling")
-    node, port = f"roll-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", RECONCILE_INTERVAL="1")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("rolling-owner", is_staff=True)
-        model = demo_model("demo-rolling")
-        with processes(state, node, env, web_port=port, beat=True):
-            wait_online(node)
-            create_deployment({"slug": "roll", "model": model, "replicas": 1, "max_num_seqs": 8})
-            _, key = create_api_key(name="rolling", owner=owner)
-            _, token = create_token(owner, name="rolling")
-            [replica] = wait_ready("roll", 1, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": key, "token": token, "replica": replica, "state": state}
+    roll = {"slug": "roll", "replicas": 1, "max_num_seqs": 8}
+    with platform(django_db_blocker, tmp_path_factory, "rolling", deployments=[roll], env={"RECONCILE_INTERVAL": "1"},
+                  model="demo-rolling", staff=True, beat=True, token=True) as p:  # fmt: skip
+        yield p
 
 
 class SteadyClient(threading.Thread):
@@ -81,14 +63,14 @@ class SteadyClient(threading.Thread):
 def test_a_one_replica_deployment_restarted_under_a_steady_client_loses_no_request(stack):
     from controlplane.deployments.models import Replica
 
-    old = stack["replica"]
-    client = SteadyClient(stack["base"], stack["key"])
+    old = stack.replica("roll")
+    client = SteadyClient(stack.base, stack.key)
     client.start()
     try:
         wait_for(lambda: client.count_from(old.pk) >= 3 or client.errors, 60, "answers from the replica")
         restarted = httpx.post(
-            f"{stack['base']}/api/v1/deployments/roll/restart/",
-            headers={"Authorization": f"Bearer {stack['token']}"},
+            f"{stack.base}/api/v1/deployments/roll/restart/",
+            headers={"Authorization": f"Bearer {stack.token}"},
             timeout=30,
         )
         assert restarted.status_code == 200 and restarted.json()["generation"] == 2
@@ -119,7 +101,7 @@ def test_a_one_replica_deployment_restarted_under_a_steady_client_loses_no_reque
     # Replaced, not restarted in place: the old process drained and stopped.
     old = Replica.objects.get(pk=old.pk)
     assert old.state == "stopped" and old.pid is None
-    assert "drained and stopped" in (stack["state"] / "logs" / f"replica-{old.pk}.log").read_text()
+    assert "drained and stopped" in (stack.state / "logs" / f"replica-{old.pk}.log").read_text()
     # Served by the old replica, then (once the new one was ready) by either, finally by the new.
     assert client.served[0] == old.pk and client.served[-1] == new.pk
     assert set(client.served) == {old.pk, new.pk}

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-import uuid
 
 import httpx
 import openai
@@ -17,20 +16,8 @@ import redis
 from django.conf import settings
 from websockets.sync.client import connect as ws_connect
 
-from tests.support.stack import (
-    committed,
-    demo_model,
-    metric,
-    processes,
-    replica_load,
-    replica_status,
-    stack_env,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port
+from tests.support.platform import DEMO, DEMO_PD, platform
+from tests.support.stack import metric, replica_load, replica_status, wait_for
 from workers.demo import MODEL_DIR
 from workers.protocol import replica as protocol
 
@@ -42,47 +29,13 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.django_db]
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     """A running platform with the `demo` deployment ready, and API keys to call it."""
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("serving")
-    node, port = f"serve-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="3", PD_LOCAL_PREFILL_TOKENS="0")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("serving-owner", is_staff=True)
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            create_deployment({"slug": "demo", "model": model, "replicas": 1, "max_num_seqs": 16})
-            other = create_deployment({"slug": "other", "model": model, "replicas": 0})
-            create_deployment(
-                {"slug": "demo-pd", "model": model, "mode": "disaggregated", "prefill_replicas": 1,
-                 "decode_replicas": 1, "replicas": 0, "max_num_seqs": 16}
-            )  # fmt: skip
-            _, secret = create_api_key(name="all", owner=owner)
-            _, limited = create_api_key(name="only-other", owner=owner, allowed_deployments=[other])
-            _, slow = create_api_key(name="slow", owner=owner, rpm_limit=1)
-            _, thrifty = create_api_key(name="thrifty", owner=owner, tpm_limit=20)
-            browser = Client()
-            browser.force_login(owner)  # a console session, committed for the web server to see
-            [replica] = wait_ready("demo", 1, 90)
-            wait_ready("demo-pd", 2, 90)
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {
-                "base": base,
-                "port": port,
-                "key": secret,
-                "limited_key": limited,
-                "slow_key": slow,
-                "thrifty_key": thrifty,
-                "session": browser.cookies["sessionid"].value,
-                "replica": replica,
-                "state": state,
-            }
+    env = {"REPLICA_MAX_RESTARTS": "3", "PD_LOCAL_PREFILL_TOKENS": "0"}
+    deployments = [DEMO, {"slug": "other", "replicas": 0}, DEMO_PD]
+    keys = {"key": {}, "limited": {"allowed_deployments": ["other"]}, "slow": {"rpm_limit": 1},
+            "thrifty": {"tpm_limit": 20}}  # fmt: skip
+    with platform(django_db_blocker, tmp_path_factory, "serving", deployments=deployments, keys=keys, env=env,
+                  staff=True, session=True) as p:  # fmt: skip
+        yield p
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +47,7 @@ def llm():
 
 @pytest.fixture
 def client(stack):
-    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+    return stack.client()
 
 
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
@@ -102,14 +55,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 def test_models_lists_the_deployments_the_key_may_use(client, stack):
     assert {m.id for m in client.models.list().data} == {"demo", "demo-pd", "other"}
-    limited = openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["limited_key"], max_retries=0)
+    limited = openai.OpenAI(base_url=stack.base + "/v1", api_key=stack.keys["limited"], max_retries=0)
     assert [m.id for m in limited.models.list().data] == ["other"]
 
 
 def test_replica_reported_its_loading_and_load(stack):
     from controlplane.deployments.models import Replica
 
-    replica = Replica.objects.get(pk=stack["replica"].pk)
+    replica = Replica.objects.get(pk=stack.replica("demo").pk)
     assert replica.progress == {"stage": "loaded", "fraction": 1.0}
     assert replica.endpoint["stream"] == protocol.requests_key(replica.pk)
     load = replica_load(replica.pk)
@@ -118,10 +71,10 @@ def test_replica_reported_its_loading_and_load(stack):
 
 
 def test_metrics_parse_as_prometheus_text_and_move_when_a_request_is_served(client, stack):
-    replica = str(stack["replica"].pk)
+    replica = str(stack.replica("demo").pk)
 
     def sample(name: str) -> float:
-        return metric(stack["base"], name, replica=replica)
+        return metric(stack.base, name, replica=replica)
 
     before_tokens = sample("switchyard_generation_tokens_total")
     before_requests = sample("switchyard_requests_total")
@@ -291,8 +244,8 @@ def test_websocket_streams_the_same_tokens_as_sse(client, stack):
         )
         if c.choices
     )
-    url = f"ws://127.0.0.1:{stack['port']}/ws/generate/?api_key={stack['key']}"
-    with ws_connect(url, origin=stack["base"], open_timeout=10) as ws:
+    url = f"ws://127.0.0.1:{stack.port}/ws/generate/?api_key={stack.key}"
+    with ws_connect(url, origin=stack.base, open_timeout=10) as ws:
         for rid in ("a", "b"):  # two requests at once on one socket
             ws.send(json.dumps({"id": rid, "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 24}))
         texts, done = {"a": "", "b": ""}, {}
@@ -308,10 +261,8 @@ def test_websocket_streams_the_same_tokens_as_sse(client, stack):
     assert done["a"]["timings"]["ttft_ms"] > 0
 
     # The console signs in with its session instead of a key.
-    cookie = {"Cookie": f"sessionid={stack['session']}"}
-    with ws_connect(
-        f"ws://127.0.0.1:{stack['port']}/ws/generate/", origin=stack["base"], additional_headers=cookie
-    ) as ws:
+    cookie = {"Cookie": f"sessionid={stack.session}"}
+    with ws_connect(f"ws://127.0.0.1:{stack.port}/ws/generate/", origin=stack.base, additional_headers=cookie) as ws:
         ws.send(json.dumps({"id": "s", "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 24}))
         text = ""
         while (event := json.loads(ws.recv(timeout=30)))["type"] != "done":
@@ -323,22 +274,22 @@ def test_websocket_takes_a_key_without_origin_and_says_why_it_refuses(stack):
     from websockets.exceptions import ConnectionClosed
 
     # An application: no Origin header, the key in the Authorization header.
-    auth = {"Authorization": f"Bearer {stack['key']}"}
-    with ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/", additional_headers=auth, open_timeout=10) as ws:
+    auth = {"Authorization": f"Bearer {stack.key}"}
+    with ws_connect(f"ws://127.0.0.1:{stack.port}/ws/generate/", additional_headers=auth, open_timeout=10) as ws:
         ws.send(json.dumps({"id": "k", "model": "demo", "messages": QUESTION, "temperature": 0, "max_tokens": 4}))
         while (event := json.loads(ws.recv(timeout=30)))["type"] != "done":
             assert event["type"] in ("start", "token"), event
     # No key or a wrong one: accepted, then closed with 4401 and the reason (not a bare 403).
     for query, reason in (("", "No API key"), ("?api_key=sy-wrong", "Invalid or revoked API key")):
-        url = f"ws://127.0.0.1:{stack['port']}/ws/generate/{query}"
+        url = f"ws://127.0.0.1:{stack.port}/ws/generate/{query}"
         with ws_connect(url, open_timeout=10) as ws, pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd.code == 4401 and reason in closed.value.rcvd.reason
 
 
 def _post(stack, path, body, key="default", **kwargs):
-    headers = {} if key is None else {"Authorization": f"Bearer {stack['key'] if key == 'default' else key}"}
-    return httpx.post(stack["base"] + path, content=body if isinstance(body, bytes) else json.dumps(body),
+    headers = {} if key is None else {"Authorization": f"Bearer {stack.key if key == 'default' else key}"}
+    return httpx.post(stack.base + path, content=body if isinstance(body, bytes) else json.dumps(body),
                       headers={**headers, "Content-Type": "application/json"}, timeout=30, **kwargs)  # fmt: skip
 
 
@@ -364,14 +315,14 @@ def test_bad_input_gets_openai_errors_never_500(stack):
     assert r.status_code == 401 and _error(r)["type"] == "authentication_error"
     r = _post(stack, "/v1/chat/completions", ok, key="sy-not-a-real-key")
     assert r.status_code == 401
-    r = _post(stack, "/v1/chat/completions", ok, key=stack["limited_key"])
+    r = _post(stack, "/v1/chat/completions", ok, key=stack.keys["limited"])
     assert r.status_code == 403 and _error(r)["code"] == "model_not_allowed"
     long_prompt = {**ok, "messages": [{"role": "user", "content": "hello " * 700}]}
     for stream in (False, True):
         r = _post(stack, "/v1/chat/completions", {**long_prompt, "stream": stream})
         assert r.status_code == 400 and _error(r)["code"] == "context_length_exceeded"
         assert "context" in _error(r)["message"] and _error(r)["param"] == "messages"
-    r = httpx.get(stack["base"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {stack['key']}"})
+    r = httpx.get(stack.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {stack.key}"})
     assert r.status_code == 405
     r = _post(stack, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 17})
     assert r.status_code == 400 and _error(r)["param"] == "n" and "at most 16" in _error(r)["message"]
@@ -390,41 +341,41 @@ def test_rate_limit_answers_429_with_retry_after(stack):
     ok = {"model": "demo", "messages": QUESTION, "max_tokens": 2}
     # Limits count per wall-clock minute: keep both requests of a pair inside one.
     wait_for(lambda: time.time() % 60 < 50, 15, "the start of a rate-limit minute", interval=0.5)
-    assert _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"]).status_code == 200
-    r = _post(stack, "/v1/chat/completions", ok, key=stack["slow_key"])
+    assert _post(stack, "/v1/chat/completions", ok, key=stack.keys["slow"]).status_code == 200
+    r = _post(stack, "/v1/chat/completions", ok, key=stack.keys["slow"])
     assert r.status_code == 429 and _error(r)["type"] == "rate_limit_error"
     assert 1 <= int(r.headers["Retry-After"]) <= 60
     # Tokens per minute (20): a prompt larger than the whole budget is refused before it runs,
     # with no Retry-After (waiting would not help)...
     huge = {**ok, "messages": [{"role": "user", "content": "Tell me about " + "the sea and " * 10}]}
-    r = _post(stack, "/v1/chat/completions", huge, key=stack["thrifty_key"])
+    r = _post(stack, "/v1/chat/completions", huge, key=stack.keys["thrifty"])
     assert r.status_code == 429 and "too large" in _error(r)["message"] and "Retry-After" not in r.headers
     # ...the first request (11 prompt + 2 completion tokens) passes; the second's 11 prompt tokens
     # would take the minute's 13 past 20.
-    assert _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"]).status_code == 200
-    r = _post(stack, "/v1/chat/completions", ok, key=stack["thrifty_key"])
+    assert _post(stack, "/v1/chat/completions", ok, key=stack.keys["thrifty"]).status_code == 200
+    r = _post(stack, "/v1/chat/completions", ok, key=stack.keys["thrifty"])
     assert r.status_code == 429 and "tokens" in _error(r)["message"] and "Retry-After" in r.headers
 
 
 def test_client_disconnect_aborts_the_request_in_the_replica(stack):
-    replica = stack["replica"]
+    replica = stack.replica("demo")
     body = {"model": "demo", "prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    headers = {"Authorization": f"Bearer {stack['key']}"}
-    with httpx.stream("POST", stack["base"] + "/v1/completions", json=body, headers=headers, timeout=30) as r:
+    headers = {"Authorization": f"Bearer {stack.key}"}
+    with httpx.stream("POST", stack.base + "/v1/completions", json=body, headers=headers, timeout=30) as r:
         assert r.status_code == 200
         request_id = r.headers["x-request-id"]
         lines = r.iter_lines()
         for _ in range(3):
             next(lines)
         closed_at = time.monotonic()
-    log = stack["state"] / "logs" / f"replica-{replica.pk}.log"
+    log = stack.state / "logs" / f"replica-{replica.pk}.log"
     wait_for(lambda: f"aborted {request_id}" in log.read_text(), 5, "the replica to abort the request")
     assert time.monotonic() - closed_at < 2.0  # the issue asks for "within a second"; 1 s of slack
     wait_for(lambda: replica_load(replica.pk).get("running") == 0, 5, "the slot to be freed")
 
 
 def test_killing_the_replica_mid_stream_ends_the_stream_with_an_error_and_it_restarts(client, stack):
-    replica = stack["replica"]
+    replica = stack.replica("demo")
     pid = json.loads(replica_status(replica.pk)["endpoint"])["pid"]
     stream = client.completions.create(
         model="demo", prompt="Hello", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
