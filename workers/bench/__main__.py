@@ -67,7 +67,11 @@ def main(argv=None) -> int:
     sp = sub.add_parser("spec", help="speculative decoding (none / ngram / eagle3) on the demo model, batch 1 and 8")
     sp.add_argument("--model", default=None, help="target model directory (default: the demo model)")
     sp.add_argument("--draft", default=None, help="EAGLE-3 draft head directory (default: workers/demo/draft)")
-    sp.add_argument("--methods", default="none,ngram,eagle3", help="comma-separated; none is the baseline")
+    sp.add_argument(
+        "--methods",
+        default="none,ngram,eagle3",
+        help="comma-separated, of none (the baseline), ngram, eagle3, ngram-measured, eagle3-measured",
+    )
     sp.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="drafts per step")
     sp.add_argument("--rounds", type=int, help="rounds of every method (default 7, --quick 2)")
     sp.add_argument("--threads", type=int, default=1, help="torch threads, the same for every engine")

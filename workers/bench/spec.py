@@ -38,7 +38,8 @@ from workers.demo.corpus import conversations
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import RequestError
 
-METHODS = ("none", "ngram", "eagle3")
+# "-measured": the same drafter with k chosen per step from the measured costs (choose_k).
+METHODS = ("none", "ngram", "eagle3", "ngram-measured", "eagle3-measured")
 WORKLOADS = ("tool_calls", "chat")
 BATCHES = (1, 8)
 MODEL_DIR = ROOT / "workers" / "demo" / "model"
@@ -114,10 +115,13 @@ class Engine:
 
     def __init__(self, method: str, model: str, draft: str, k: int):
         spec = None
-        if method == "ngram":
+        base = method.removesuffix("-measured")
+        if base == "ngram":
             spec = {"method": "ngram", "num_speculative_tokens": k}
-        elif method == "eagle3":
+        elif base == "eagle3":
             spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
+        if spec is not None and base != method:
+            spec["choose_k"] = "measured"
         self.method = method
         self.llm = LLM(model, device="cpu", dtype="float32", kv_cache_bytes=32 << 20, speculative_config=spec)
         self.engine = self.llm.engine
@@ -269,7 +273,7 @@ def run(args) -> int:
     if unknown or "none" not in methods:
         return _fail(f"--methods takes {', '.join(METHODS)} (none among them, the baseline); got {args.methods!r}")
     methods = [m for m in METHODS if m in methods]
-    if "eagle3" in methods and not (Path(args.draft) / "config.json").is_file():
+    if any(m.startswith("eagle3") for m in methods) and not (Path(args.draft) / "config.json").is_file():
         return _fail(
             f"eagle3: no draft head at {args.draft}; run `make demo-draft` to train it, "
             "or pass --methods none,ngram to leave EAGLE-3 out"
@@ -293,7 +297,7 @@ def run(args) -> int:
     }
     say(
         f"model {_short(args.model)}"
-        + (f", draft {_short(args.draft)}" if "eagle3" in methods else "")
+        + (f", draft {_short(args.draft)}" if any(m.startswith("eagle3") for m in methods) else "")
         + f"; k = {args.k}; {args.threads} torch thread(s); greedy; {rounds} rounds, methods rotated each round"
     )
     say(
@@ -344,14 +348,14 @@ def run(args) -> int:
 
     say("")
     say(
-        f"{'workload':<11} {'batch':>5} {'method':<7} {'tok/s':>8} {'speed-up':>9} {'accept len':>10}  "
+        f"{'workload':<11} {'batch':>5} {'method':<15} {'tok/s':>8} {'speed-up':>9} {'accept len':>10}  "
         f"{'accepted at position 1..k (share of draft runs)':<48} identical"
     )
     for row in rows:
         length = f"{row['acceptance_length']:.2f}" if row["acceptance_length"] is not None else "-"
         per_pos = " ".join(f"{x:.2f}" for x in row["_per_position"]) or "-"
         say(
-            f"{row['workload']:<11} {row['batch']:>5} {row['method']:<7} {row['tok_s']:>8.1f} "
+            f"{row['workload']:<11} {row['batch']:>5} {row['method']:<15} {row['tok_s']:>8.1f} "
             f"{row['speedup']:>8.2f}x {length:>10}  {per_pos:<48} {'yes' if row['identical'] else 'NO'}"
         )
     for w in WORKLOADS:
@@ -442,8 +446,9 @@ def _targets(rows: list[dict], methods: list[str]) -> list[str]:
 def _weight_bytes(engines: dict[str, Engine], k: int) -> dict[str, int]:
     """Weight bytes a target forward reads, a draft run of k tokens, and EAGLE-3's observe."""
     out = {"target": linear_bytes(engines["none"].engine.model), "ngram": 0}
-    if "eagle3" in engines:
-        head = engines["eagle3"].engine.drafter.head
+    eagle3 = engines.get("eagle3") or engines.get("eagle3-measured")
+    if eagle3 is not None:
+        head = eagle3.engine.drafter.head
         out["eagle3"] = eagle3_cycle_bytes(head, k)
         out["eagle3 observe"] = eagle3_observe_bytes(head)  # of the prompt, in the prefill step
     return out
@@ -465,12 +470,13 @@ def _work_bounds(work, weights: dict[str, int], rows, methods, k: int) -> list[s
                 lines.append(f"  {method}: no step verified {k} drafts")
                 continue
             ops = counts["verify"] + counts["draft"]
-            cycle = target + weights[method]
+            drafter = method.removesuffix("-measured")  # the same drafter's weights
+            cycle = target + weights[drafter]
             by_ops = (prefill + (n - 1) * decode) / (counts["prefill"] + (n - 1) / length * ops)
-            by_bytes = n * target / (target + weights.get(f"{method} observe", 0) + (n - 1) / length * cycle)
+            by_bytes = n * target / (target + weights.get(f"{drafter} observe", 0) + (n - 1) / length * cycle)
             lines.append(
                 f"  {method}: verify forward {counts['verify']:.0f} ops; draft run {counts['draft']:.0f} ops, "
-                f"{weights[method] / 1e6:.2f} MB; L = {length:.2f}"
+                f"{weights[drafter] / 1e6:.2f} MB; L = {length:.2f}"
             )
             lines.append(
                 f"    ceiling where ops set the time: L * {decode:.0f} / {ops:.0f} = {length * decode / ops:.2f}x "

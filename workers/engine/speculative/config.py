@@ -9,7 +9,10 @@
 verifies no drafts, because at that batch the extra query tokens cost more than the accepted
 ones save (see docs/engine.md for the measurement behind the default). `draft_backoff`: after
 this many draft runs in a row that accepted nothing, a sequence pauses drafting (1, 2, 4, ... up
-to 16 steps; spec/backoff.py); 0 never pauses.
+to 16 steps; speculative/backoff.py); 0 never pauses. `choose_k`: "fixed" (default) drafts
+`num_speculative_tokens` at every step within the batch threshold; "measured" chooses k per
+sequence and step, 0 included, from the step, verify and draft times this engine measures and the
+acceptance it sees (speculative/cost_model.py), with no batch threshold unless one is given.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass, fields
 from workers.engine.errors import RequestError
 
 METHODS = ("ngram", "eagle3")
+CHOOSE_K = ("fixed", "measured")
+NO_BATCH_LIMIT = 1 << 30  # choose_k "measured" without a disable_by_batch_size: the costs decide
 MAX_SPECULATIVE_TOKENS = 16
 # Measured on the 2-core CPU (docs/engine.md, k = 3, every draft rejected): a verify step costs
 # 1.26x a plain decode step at batch 1, 1.5x at 2, 1.85x at 4, 2.5x at 8 (demo model; SmolLM-135M's
@@ -45,6 +50,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int = 0  # 0: the method's default (DEFAULT_DISABLE_BY_BATCH_SIZE)
     draft_backoff: int = DEFAULT_DRAFT_BACKOFF
     model: str | None = None  # eagle3: the draft head's directory
+    choose_k: str = "fixed"
 
     @classmethod
     def from_dict(cls, raw: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -66,12 +72,17 @@ class SpeculativeConfig:
             raise RequestError(f"speculative_config: unknown keys {unknown} for method {method!r}")
         if "num_speculative_tokens" not in raw:
             raise RequestError("speculative_config needs num_speculative_tokens")
+        choose_k = raw.pop("choose_k", "fixed")
+        if choose_k not in CHOOSE_K:
+            raise RequestError(f"speculative_config choose_k must be one of {', '.join(CHOOSE_K)}, got {choose_k!r}")
         model = raw.pop("model", None)
         if method == "eagle3" and (not isinstance(model, str) or not model):
             raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
         values = {name: _count(name, value, minimum=0 if name == "draft_backoff" else 1) for name, value in raw.items()}
-        values.setdefault("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE[method])
-        config = cls(method=method, model=model, **values)
+        values.setdefault(
+            "disable_by_batch_size", NO_BATCH_LIMIT if choose_k == "measured" else DEFAULT_DISABLE_BY_BATCH_SIZE[method]
+        )
+        config = cls(method=method, model=model, choose_k=choose_k, **values)
         if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise RequestError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}")
         if config.prompt_lookup_min > config.prompt_lookup_max:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from workers.engine.sequence import Sequence
+from workers.engine.speculative import cost_model
 from workers.engine.speculative.backoff import DraftBackoff
 from workers.engine.speculative.config import SpeculativeConfig
 from workers.engine.speculative.drafter import Drafter
@@ -54,6 +55,12 @@ class Speculator:
         self.backoff = DraftBackoff(config.draft_backoff)
         # EAGLE-3 drafts from the target's hidden states: each step's rows are handed to it.
         self.feeds_states = drafter.aux_layer_ids is not None
+        # choose_k "measured" (cost_model.py): what steps cost here, what drafts yield.
+        self.measured = config.choose_k == "measured"
+        self.costs = cost_model.StepCosts()
+        self.history = cost_model.Acceptance()  # every sequence's runs: the prior
+        self.acceptance: dict[Sequence, cost_model.Acceptance] = {}
+        self.steps_in_bucket: dict[int, int] = {}
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -85,6 +92,10 @@ class Speculator:
             if room > 0:
                 seqs.append(seq)
                 limits.append(room)
+        if self.measured and seqs:
+            limits = self._choose_k(seqs, limits, len(running))
+            seqs, limits = [s for s, k in zip(seqs, limits, strict=True) if k], [k for k in limits if k]
+        drafting = time.perf_counter()
         drafts = {}
         for seq, draft, n in zip(seqs, self.drafter.propose(seqs, limits) if seqs else [], limits, strict=True):
             try:
@@ -94,14 +105,36 @@ class Speculator:
                 continue
             if draft:
                 drafts[seq] = draft
-        self.stats.draft_seconds += time.perf_counter() - started
+        now = time.perf_counter()
+        self.stats.draft_seconds += now - started
+        if self.measured and limits:
+            self.costs.record_draft(len(running), max(limits), now - drafting)
         return drafts
+
+    def _choose_k(self, seqs: list[Sequence], limits: list[int], batch_size: int) -> list[int]:
+        """Guesses per sequence for this step (0 included), from the measured costs; every
+        EXPLORE_EVERY-th step of a batch bucket takes the other side (drafting or not) so both
+        stay measured."""
+        prior = self.history.rates(max(limits), weight=1.0)
+        none = cost_model.Acceptance()
+        rates = [self.acceptance.get(seq, none).rates(n, prior) for seq, n in zip(seqs, limits, strict=True)]
+        choice = cost_model.choose(rates, limits, self.costs, batch_size)
+        b = cost_model.bucket(batch_size)
+        self.steps_in_bucket[b] = self.steps_in_bucket.get(b, 0) + 1
+        ks = choice.ks
+        if self.steps_in_bucket[b] % cost_model.EXPLORE_EVERY == 0:
+            ks = [0] * len(ks) if any(ks) else choice.drafting
+        self.stats.record_choice(ks)
+        return ks
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verified draft run: `num_accepted` of its `num_drafted` guesses were taken."""
         if num_drafted:
             self.stats.record(num_drafted, num_accepted)
             self.backoff.record(seq, num_accepted)
+            if self.measured:
+                self.history.record(num_drafted, num_accepted)
+                self.acceptance.setdefault(seq, cost_model.Acceptance()).record(num_drafted, num_accepted)
 
     def observe(self, batch, starts: list[int], aux, started: float, num_running: int) -> None:
         """After a step that began at `started` (perf_counter): count it if it verified drafts,
@@ -109,9 +142,13 @@ class Speculator:
         K/V the step kept (all of a prefill chunk or decode; a verify's last token and accepted
         drafts), when the next step will draft (`num_running` now). A large batch's prefill is
         not fed: it would not draft."""
+        seconds = time.perf_counter() - started
         if any(item.draft_token_ids for item in batch.all):
             self.stats.num_verify_steps += 1
-            self.stats.verify_seconds += time.perf_counter() - started
+            self.stats.verify_seconds += seconds
+        if self.measured and all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all):
+            # A decode or verify step (no prompt chunk in it): what it cost for its query tokens.
+            self.costs.record_step(len(batch.all), sum(item.num_tokens for item in batch.all), seconds)
         if aux is None or not self.keeps_states(num_running):
             return
         started = time.perf_counter()
@@ -128,6 +165,7 @@ class Speculator:
 
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq)
+        self.acceptance.pop(seq, None)
 
     def as_dict(self) -> dict:
         return self.stats.as_dict()

@@ -11,6 +11,11 @@ class SpeculationStats:
         self.accepted = [0] * k  # ... and whose draft at position j was accepted
         self.draft_seconds = 0.0  # proposing drafts (and, for EAGLE-3, feeding the head)
         self.verify_seconds = 0.0  # target steps that verified drafts, sampling included
+        self.chosen_k = [0] * (k + 1)  # choose_k "measured": sequences given k guesses, by k
+
+    def record_choice(self, ks: list[int]) -> None:
+        for k in ks:
+            self.chosen_k[k] += 1
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """One sequence's draft run: `num_drafted` guesses, the first `num_accepted` accepted."""
@@ -35,4 +40,5 @@ class SpeculationStats:
             "acceptance_rate": accepted / drafted if drafted else None,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "chosen_k": list(self.chosen_k),
         }

@@ -1,0 +1,163 @@
+"""Speculation that decides from what it measures (speculative/cost_model.py): given step-time
+tables and acceptance histories the chosen k per sequence is the expected-throughput maximum,
+k = 0 when verifying costs more than the accepted guesses save; and an engine with
+`choose_k: "measured"` switches drafting per step as its batch grows and shrinks, without
+changing an output."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from tests.engine.test_speculative_decode import BatchLog, generate, make
+from workers.engine import RequestError, SamplingParams
+from workers.engine.speculative import cost_model
+from workers.engine.speculative.config import NO_BATCH_LIMIT, SpeculativeConfig
+from workers.engine.speculative.cost_model import Acceptance, StepCosts, choose, expected_tokens
+
+
+def costs_from(table: dict[int, dict[int, float]], draft: dict[int, float] | None = None) -> StepCosts:
+    """A StepCosts holding exactly `table` (bucket -> q -> seconds) and draft seconds per position."""
+    costs = StepCosts()
+    for b, row in table.items():
+        for q, seconds in row.items():
+            costs.record_step(b, q * b, seconds)
+    for b, seconds in (draft or {}).items():
+        costs.record_draft(b, 1, seconds)
+    return costs
+
+
+def rate_of(ks, rates, costs: StepCosts, batch_size: int) -> float:
+    tokens = batch_size + sum(expected_tokens(r, k) - 1 for r, k in zip(rates, ks, strict=True))
+    seconds = costs.step_seconds(batch_size, 1 + sum(ks) / batch_size) + costs.draft_seconds(batch_size) * max(ks)
+    return tokens / seconds
+
+
+def test_no_drafts_when_a_verify_costs_more_than_the_accepted_guesses_save():
+    # The 2-core CPU's shape: any verify 1.6-1.8x a decode step; 30% of the guesses accepted.
+    costs = costs_from({1: {1: 0.010, 2: 0.016, 4: 0.018}})
+    choice = choose([[0.3] * 3], [3], costs, 1)
+    assert choice.ks == [0]
+    assert choice.rate == pytest.approx(100.0)
+    assert choice.drafting != [0], "exploration still has a drafting choice to measure"
+
+
+def test_all_guesses_when_a_verify_costs_about_a_decode_step():
+    # A GPU's shape: a verify costs 1.1x a decode step.
+    costs = costs_from({1: {1: 0.010, 4: 0.011}})
+    assert choose([[0.8] * 3], [3], costs, 1).ks == [3]
+
+
+def test_each_sequence_drafts_as_far_as_its_own_acceptance_pays():
+    # Verify cost grows with the query tokens; a sequence that copies its prompt drafts more
+    # than one whose guesses are mostly rejected.
+    costs = costs_from({2: {1: 0.010, 2: 0.012, 3: 0.014, 4: 0.016}})
+    copying, rejecting = [0.95, 0.95, 0.95], [0.1, 0.1, 0.1]
+    ks = choose([copying, rejecting], [3, 3], costs, 2).ks
+    assert ks[0] == 3 and ks[1] == 0
+
+
+def test_the_choice_is_the_maximum_over_every_assignment():
+    rng = random.Random(7)
+    for trial in range(200):
+        n = rng.randint(1, 3)
+        limits = [rng.randint(0, 3) for _ in range(n)]
+        if not any(limits):
+            limits[0] = 1
+        rates = [sorted((rng.random() for _ in range(3)), reverse=rng.random() < 0.5) for _ in range(n)]
+        b = cost_model.bucket(n)
+        decode = rng.uniform(0.005, 0.02)
+        table = {b: {1: decode, **{q: decode * rng.uniform(0.9, 2.5) for q in (2, 4)}}}
+        costs = costs_from(table, {b: rng.choice([0.0, decode * rng.uniform(0.05, 0.8)])})
+        best = max(rate_of(ks, rates, costs, n) for ks in itertools.product(*(range(m + 1) for m in limits)))
+        choice = choose(rates, limits, costs, n)
+        assert all(0 <= k <= m for k, m in zip(choice.ks, limits, strict=True))
+        assert choice.rate == pytest.approx(best, rel=1e-9), (trial, limits, rates, table)
+        assert rate_of(choice.ks, rates, costs, n) == pytest.approx(best, rel=1e-9)
+
+
+def test_nothing_measured_means_a_plain_step_first_then_a_verify_is_tried():
+    costs = StepCosts()
+    assert choose([[0.9] * 3], [3], costs, 1).ks == [0]  # measures the decode step
+    costs.record_step(1, 1, 0.010)
+    # A verify never measured is assumed to cost a decode step (a GPU's), so it is tried ...
+    assert choose([[0.9] * 3], [3], costs, 1).ks == [3]
+    costs.record_step(1, 4, 0.030)
+    # ... and once measured expensive (3x a decode step: k = 1 would cost 1.67x), left.
+    assert choose([[0.5] * 3], [3], costs, 1).ks == [0]
+
+
+def test_step_times_are_interpolated_and_smoothed():
+    costs = costs_from({4: {1: 0.010, 3: 0.020}})
+    assert costs.step_seconds(3, 2) == pytest.approx(0.015)  # batch 3 counts in bucket 4
+    assert costs.step_seconds(4, 5) == pytest.approx(0.030)  # beyond: the last slope
+    assert costs.step_seconds(8, 1) is None
+    costs.record_step(4, 4, 0.020)  # one slow decode step moves the average a fifth of the way
+    assert costs.step_seconds(4, 1) == pytest.approx(0.012)
+
+
+def test_acceptance_by_position_from_the_prior_and_the_sequence():
+    history = Acceptance()
+    for _ in range(10):
+        history.record(3, 3)  # every guess accepted
+    for _ in range(10):
+        history.record(3, 0)  # the first rejected: positions 1 and 2 never judged
+    prior = history.rates(3, weight=1.0)
+    assert prior[0] == pytest.approx((0.6 + 10) / 21)  # judged 20 times, accepted 10
+    assert prior[1] == pytest.approx((0.6 + 10) / 11)  # judged 10 times, accepted 10
+    own = Acceptance()
+    own.record(3, 0)
+    own.record(3, 0)
+    mine = own.rates(3, prior)
+    assert mine[0] < prior[0] and mine[1] == pytest.approx(prior[1])
+    assert expected_tokens([0.5, 0.5, 0.5], 3) == pytest.approx(1.875)
+
+
+def test_configuration(llama_dir):
+    config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "choose_k": "measured"})
+    assert config.choose_k == "measured" and config.disable_by_batch_size == NO_BATCH_LIMIT
+    fixed = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert fixed.choose_k == "fixed" and fixed.disable_by_batch_size == 4
+    with pytest.raises(RequestError, match="choose_k must be one of fixed, measured, got 'auto'"):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "choose_k": "auto"})
+
+
+class FixedCosts(StepCosts):
+    """Step costs that do not learn: the engine's own timings on a loaded 2-core machine cannot
+    be made to say what a test needs, so the table is given and measurements are dropped."""
+
+    def record_step(self, *args) -> None:
+        pass
+
+    def record_draft(self, *args) -> None:
+        pass
+
+
+def test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks(checkpoint_factory, monkeypatch):
+    monkeypatch.setattr(cost_model, "EXPLORE_EVERY", 10**9)  # no exploring step in this test
+    model_dir = checkpoint_factory("qwen3")
+    llm = make(model_dir, True, spec={"choose_k": "measured"})
+    engine = llm.engine
+    # Alone, a verify costs less than a decode step (any acceptance pays); with two or more
+    # running, 100x (nothing pays).
+    costs = FixedCosts()
+    StepCosts.record_step(costs, 1, 1, 1.0)
+    StepCosts.record_step(costs, 1, 4, 0.5)
+    for b in (2, 4):
+        StepCosts.record_step(costs, b, b, 1.0)
+        StepCosts.record_step(costs, b, 4 * b, 100.0)
+    engine.speculator.costs = costs
+    log = BatchLog(engine)
+    prompts = [[7] * 10, [7] * 10 + [8], [7] * 10 + [9]]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 12, 12)]
+    got = generate(llm, prompts, params)
+    want = generate(make(model_dir, False), prompts, params)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    many = [step for step in log.steps if len(step) > 1]
+    alone = [step for step in log.steps if len(step) == 1]
+    assert many and not any(d for step in many for _, d in step)
+    assert any(d for step in alone for _, d in step), "alone, it drafts again"
+    chosen = engine.speculation_stats()["chosen_k"]
+    assert chosen[0] > 0 and sum(chosen[1:]) > 0

@@ -1,0 +1,188 @@
+"""How many tokens each sequence drafts this step, chosen from what this engine measures.
+
+A fixed k with a fixed batch threshold (`disable_by_batch_size`) pays only on the machine it was
+tuned on: on the 2-core CPU a 4-token verify costs 1.7x a decode step, on a GPU about 1x. With
+`choose_k: "measured"` the speculator asks this module instead, every step:
+
+- **Step costs** (`StepCosts`): an EWMA of the seconds a decode or verify step takes, per batch
+  bucket (1, 2, 4, 8, ...) and by query tokens per sequence q (1 = a plain decode step, 1 + k =
+  verifying k drafts); between measured q the cost is interpolated, beyond them extrapolated from
+  the last two; a q never measured is assumed to cost what q = 1 costs (a GPU's verify), so it is
+  tried and then known. And an EWMA of the draft seconds per drafted position (EAGLE-3 runs one
+  batched pass per position; prompt lookup costs next to nothing).
+- **Acceptance** (`Acceptance`): per draft position j, the chance that guess j is accepted once
+  the guesses before it were: the engine's history since it started is the prior, each sequence's
+  own runs move it (`PRIOR_WEIGHT` pseudo-runs against its real ones).
+- **The choice** (`choose`): expected tokens of sequence i drafting k_i is
+  E_i(k_i) = 1 + sum over m <= k_i of prod over j < m of a_ij; the step yields sum E_i in
+  T(B, 1 + sum k_i / B) + D * max k_i seconds. Starting from k = 0 for everyone (always a
+  candidate), one more guess goes to the sequence whose next guess is likeliest accepted, until
+  every sequence is at its limit; the best tokens-per-second seen on that path is the choice.
+  For a fixed total of guesses the likeliest ones yield the most tokens, so the path visits the
+  best assignment of each total; with a draft cost the path is walked once per cap on the longest
+  draft, which makes the choice the exact maximum (tests compare it with every assignment).
+- **Exploration**: every `EXPLORE_EVERY`th step of a bucket takes the best choice that drafts when
+  the best is not to draft, and not to draft when the best is to draft, so both costs stay
+  measured as the machine's load and the acceptance change (bounded cost: one step in 32).
+
+Drafts change only how fast tokens come, never which ones, so no choice here can change an output.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+# EWMA weight of a new measurement: recent steps count, one slow step does not decide.
+ALPHA = 0.2
+EXPLORE_EVERY = 32
+# Pseudo-runs the engine-wide acceptance counts as, against a sequence's own runs.
+PRIOR_WEIGHT = 4.0
+# Before anything was verified: an acceptance worth trying (measured, it is replaced).
+FIRST_GUESS = 0.6
+
+
+def bucket(batch_size: int) -> int:
+    """The power of two at or above `batch_size`: steps of 5 to 8 sequences cost alike."""
+    b = 1
+    while b < batch_size:
+        b *= 2
+    return b
+
+
+class Ewma:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + ALPHA * (x - self.value)
+
+
+class StepCosts:
+    """Measured seconds per step, per batch bucket and query tokens per sequence."""
+
+    def __init__(self) -> None:
+        self.step: dict[int, dict[int, Ewma]] = {}  # bucket -> q -> seconds
+        self.draft: dict[int, Ewma] = {}  # bucket -> seconds per drafted position
+
+    def record_step(self, batch_size: int, query_tokens: int, seconds: float) -> None:
+        q = max(1, round(query_tokens / batch_size))
+        self.step.setdefault(bucket(batch_size), {}).setdefault(q, Ewma()).add(seconds)
+
+    def record_draft(self, batch_size: int, positions: int, seconds: float) -> None:
+        if positions > 0:
+            self.draft.setdefault(bucket(batch_size), Ewma()).add(seconds / positions)
+
+    def step_seconds(self, batch_size: int, q: float) -> float | None:
+        """T(B, q), or None while no step of this bucket was measured at all."""
+        table = {k: e.value for k, e in self.step.get(bucket(batch_size), {}).items()}
+        if not table:
+            return None
+        if 1 not in table:  # only verifies measured: a decode costs no more than the cheapest
+            table[1] = min(table.values())
+        qs = sorted(table)
+        if q <= qs[0]:
+            return table[qs[0]]
+        for lo, hi in pairwise(qs):
+            if q <= hi:
+                return table[lo] + (table[hi] - table[lo]) * (q - lo) / (hi - lo)
+        if len(qs) == 1:  # never verified here: assume a verify costs a decode, and find out
+            return table[qs[0]]
+        lo, hi = qs[-2], qs[-1]
+        return table[hi] + max(0.0, table[hi] - table[lo]) * (q - hi) / (hi - lo)
+
+    def draft_seconds(self, batch_size: int) -> float:
+        e = self.draft.get(bucket(batch_size))
+        return e.value if e is not None and e.value is not None else 0.0
+
+    def knows_decode(self, batch_size: int) -> bool:
+        return 1 in self.step.get(bucket(batch_size), {})
+
+
+@dataclass
+class Acceptance:
+    """Draft runs that reached position j, and those whose guess j was accepted."""
+
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        grow = num_drafted - len(self.reached)
+        if grow > 0:
+            self.reached += [0] * grow
+            self.accepted += [0] * grow
+        # A guess is judged only when every guess before it was accepted.
+        for j in range(min(num_drafted, num_accepted + 1)):
+            self.reached[j] += 1
+        for j in range(num_accepted):
+            self.accepted[j] += 1
+
+    def rates(self, k: int, prior: list[float] | None = None, weight: float = PRIOR_WEIGHT) -> list[float]:
+        """The chance guess j (j < k) is accepted once the guesses before it were."""
+        out = []
+        for j in range(k):
+            p = prior[j] if prior is not None and j < len(prior) else FIRST_GUESS
+            n = self.reached[j] if j < len(self.reached) else 0
+            a = self.accepted[j] if j < len(self.accepted) else 0
+            out.append((p * weight + a) / (weight + n) if weight + n else p)
+        return out
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """Tokens a sequence yields drafting k guesses: the target's own plus the accepted ones."""
+    total, chain = 1.0, 1.0
+    for j in range(k):
+        chain *= rates[j]
+        total += chain
+    return total
+
+
+def _greedy_path(rates: list[list[float]], limits: list[int]):
+    """(ks, expected extra tokens, guesses in all, longest draft) from k = 0 for everyone, one
+    guess more each time, to the sequence whose next guess is likeliest accepted. `ks` is the
+    same list throughout: copy what you keep."""
+    ks = [0] * len(limits)
+    extra, drafted, longest = 0.0, 0, 0
+    yield ks, extra, drafted, longest
+    # A sequence's chance of its next guess being accepted only falls as it drafts more.
+    heap = [(-rates[i][0], i) for i, n in enumerate(limits) if n > 0]
+    heapq.heapify(heap)
+    while heap:
+        negative, i = heapq.heappop(heap)
+        ks[i] += 1
+        extra -= negative
+        drafted += 1
+        longest = max(longest, ks[i])
+        if ks[i] < limits[i]:
+            heapq.heappush(heap, (negative * rates[i][ks[i]], i))
+        yield ks, extra, drafted, longest
+
+
+@dataclass
+class Choice:
+    ks: list[int]  # guesses per sequence maximising the step's expected tokens per second
+    rate: float  # ... that rate (0 when nothing was measured yet)
+    drafting: list[int]  # the best choice that drafts at all (what exploration runs)
+
+
+def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_size: int) -> Choice:
+    """`rates[i]`: sequence i's acceptance by position (at least `limits[i]` long); `batch_size`:
+    every sequence the step runs (those not drafting count one query token each)."""
+    if costs.step_seconds(batch_size, 1.0) is None:  # nothing measured in this bucket: measure it
+        return Choice([0] * len(limits), 0.0, [min(1, n) for n in limits])
+    draft_each = costs.draft_seconds(batch_size)
+    best = drafting = None
+    # A draft pass per position: the longest draft costs too. Walking the path once per cap on
+    # the longest finds, for every total and longest, the likeliest guesses, so the best of all.
+    for cap in range(1, max(limits) + 1) if draft_each > 0 else [max(limits)]:
+        for ks, extra, drafted, longest in _greedy_path(rates, [min(n, cap) for n in limits]):
+            seconds = costs.step_seconds(batch_size, 1 + drafted / batch_size) + draft_each * longest
+            rate = (batch_size + extra) / seconds
+            if best is None or rate > best[1]:
+                best = (list(ks), rate)
+            if drafted and (drafting is None or rate > drafting[1]):
+                drafting = (list(ks), rate)
+    return Choice(best[0], best[1], drafting[0] if drafting is not None else best[0])
