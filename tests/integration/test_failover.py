@@ -22,21 +22,8 @@ from django.conf import settings
 from websockets.asyncio.client import connect as ws_connect
 
 from tests.support.freeze import freeze
-from tests.support.stack import (
-    committed,
-    demo_model,
-    metric,
-    pid_alive,
-    processes,
-    replica_status,
-    stack_env,
-    start_web,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port, stop
+from tests.support.platform import platform
+from tests.support.stack import metric, pid_alive, replica_status, wait_for
 from workers.protocol import replica as protocol
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.django_db]
@@ -46,35 +33,18 @@ COUNTRIES = ["Japan", "Peru", "France", "Kenya", "Chile", "Egypt", "Spain", "Ita
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("failover")
-    node, port, plain_port = f"failover-{uuid.uuid4().hex[:6]}", free_port(), free_port()
     # The agent must not kill the replica a test stops: the test lets it go on itself.
-    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_HANG_SECONDS="300")
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("failover-owner")
-        model = demo_model()
-        with processes(state, node, env, web_port=port):
-            # A second web process with failover turned off.
-            plain, log = start_web(state, plain_port, {**env, "FAILOVER": "false"}, log_name="web-plain")
-            try:
-                wait_online(node)
-                pair = create_deployment({"slug": "pair", "model": model, "replicas": 2})
-                solo = create_deployment({"slug": "solo", "model": model, "replicas": 1})
-                _, secret = create_api_key(name="failover", owner=owner)
-                wait_ready("pair", 2, 120)
-                wait_ready("solo", 1, 120)
-                base, plain_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{plain_port}"
-                wait_web(base)
-                wait_web(plain_base)
-                yield {"base": base, "plain": plain_base, "port": port, "key": secret, "pair": pair.pk,
-                       "solo": solo.pk, "logs": state / "logs"}  # fmt: skip
-            finally:
-                stop([plain], [log])
+    env = {"REPLICA_HANG_SECONDS": "300"}
+    pair, solo = {"slug": "pair", "replicas": 2}, {"slug": "solo", "replicas": 1}
+    with platform(django_db_blocker, tmp_path_factory, "failover", deployments=[pair, solo], env=env) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def plain(stack):
+    """A second web process with failover turned off; its base URL."""
+    with stack.web("web-plain", FAILOVER="false") as base:
+        yield base
 
 
 def _fresh(status: dict) -> bool:
@@ -174,7 +144,7 @@ async def whole(client: httpx.AsyncClient, body: dict) -> dict:
 
 async def websocket(stack, body: dict, progress: list, i: int, seen: dict | None = None) -> dict:
     out = {"text": "", "usage": None, "note": None, "finish": None, "error": None, "last": "[DONE]"}
-    async with ws_connect(f"ws://127.0.0.1:{stack['port']}/ws/generate/?api_key={stack['key']}", open_timeout=10) as ws:
+    async with ws_connect(f"ws://127.0.0.1:{stack.port}/ws/generate/?api_key={stack.key}", open_timeout=10) as ws:
         await ws.send(json.dumps({"id": "r", **body}))
         while True:
             event = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -223,8 +193,8 @@ def burst(stack, deployment: str = "pair", victim: int | None = None, sig=signal
         )
 
     async def main():
-        headers = {"Authorization": f"Bearer {stack['key']}"}
-        async with httpx.AsyncClient(base_url=base or stack["base"], headers=headers, timeout=60) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        async with httpx.AsyncClient(base_url=base or stack.base, headers=headers, timeout=60) as client:
             tasks = []
             for i, (kind, body) in enumerate(requests):
                 if kind == "ws":
@@ -250,7 +220,7 @@ def burst(stack, deployment: str = "pair", victim: int | None = None, sig=signal
 
 @pytest.fixture(scope="module")
 def undisturbed(stack):
-    serving(stack["pair"], 2)
+    serving(stack.deployments["pair"].pk, 2)
     results = burst(stack)
     assert all(r["error"] is None and r["note"] is None for r in results)
     assert all(r["usage"] is None or r["usage"]["completion_tokens"] == MAX_TOKENS for r in results)
@@ -282,21 +252,21 @@ def check_resumed(results, reference, victim: int, survivor: int) -> int:
 
 # -- tests ---------------------------------------------------------------------------------------
 def test_a_killed_replica_s_streams_resume_on_the_other_one_unchanged(stack, undisturbed):
-    victim, survivor = serving(stack["pair"], 2)
-    counted = metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair")
-    recorded_before = len(events("request.resumed", stack["pair"]))
+    victim, survivor = serving(stack.deployments["pair"].pk, 2)
+    counted = metric(stack.base, "switchyard_requests_resumed_total", deployment="pair")
+    recorded_before = len(events("request.resumed", stack.deployments["pair"].pk))
     started = time.monotonic()
     results = burst(stack, victim=victim, sig=signal.SIGKILL)
     assert time.monotonic() - started < 45
     moved = check_resumed(results, undisturbed, victim, survivor)
     assert moved >= 3  # ~half the burst was on the victim, most of it mid-stream
-    assert metric(stack["base"], "switchyard_requests_resumed_total", deployment="pair") == counted + moved
-    recorded = events("request.resumed", stack["pair"])[recorded_before:]
+    assert metric(stack.base, "switchyard_requests_resumed_total", deployment="pair") == counted + moved
+    recorded = events("request.resumed", stack.deployments["pair"].pk)[recorded_before:]
     assert len(recorded) == moved and {e["from_replica"] for e in recorded} == {victim}
 
 
 def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undisturbed):
-    victim, survivor = serving(stack["pair"], 2)
+    victim, survivor = serving(stack.deployments["pair"].pk, 2)
     pid = _pid(victim)
     try:
         results = burst(stack, victim=victim, sig=signal.SIGSTOP)
@@ -305,30 +275,30 @@ def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undistur
         # move its streams; a little later when they had all ended before the signal), and new
         # requests go to the replica that heartbeats, none fails.
         wait_for(lambda: not _fresh(replica_status(victim)), 10, "the stopped replica's heartbeat to go stale")
-        headers = {"Authorization": f"Bearer {stack['key']}"}
+        headers = {"Authorization": f"Bearer {stack.key}"}
         for _ in range(4):
-            r = httpx.post(stack["base"] + "/v1/completions", headers=headers, timeout=30,
+            r = httpx.post(stack.base + "/v1/completions", headers=headers, timeout=30,
                            json={"model": "pair", "prompt": "Hello", "max_tokens": 2})  # fmt: skip
             assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(survivor)
     finally:
         os.kill(pid, signal.SIGCONT)
     # Woken up, it drops the requests that moved (the gateway told it to) and serves again.
-    log = (stack["logs"] / f"replica-{victim}.log").read_text
+    log = (stack.state / "logs" / f"replica-{victim}.log").read_text
     moved_ids = [r["id"] for r in results if r["note"]]
     wait_for(lambda: all(f"aborted {rid}" in log() for rid in moved_ids), 10, "the stale requests to be aborted")
-    assert serving(stack["pair"], 2) == [victim, survivor] and pid_alive(pid)
+    assert serving(stack.deployments["pair"].pk, 2) == [victim, survivor] and pid_alive(pid)
 
 
 def test_a_seeded_sampled_request_resumed_draws_what_it_would_have(stack):
-    serving(stack["pair"], 2)
+    serving(stack.deployments["pair"].pk, 2)
     body = {"model": "pair", "prompt": "Q: What is the capital of Peru?\nA:", "max_tokens": 3 * MAX_TOKENS,
             "ignore_eos": True, "temperature": 1.0, "seed": 4242, "top_k": 40, "frequency_penalty": 0.4,
             "logprobs": 2, "stream": True}  # fmt: skip
 
     async def one(kill: bool) -> dict:
         progress, seen = [0], {}
-        headers = {"Authorization": f"Bearer {stack['key']}"}
-        async with httpx.AsyncClient(base_url=stack["base"], headers=headers, timeout=60) as client:
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        async with httpx.AsyncClient(base_url=stack.base, headers=headers, timeout=60) as client:
             task = asyncio.ensure_future(sse(client, "completion", body, progress, 0, seen))
             if kill:
                 await until(lambda: progress[0] >= 5, 30, "the stream to start")
@@ -360,23 +330,23 @@ def _stream_until_killed(base: str, key: str, deployment: str, replica: int) -> 
 
 
 def test_with_no_other_replica_the_stream_ends_with_an_error_then_done(stack):
-    [replica] = serving(stack["solo"], 1)
-    before = metric(stack["base"], "switchyard_requests_failover_failed_total", deployment="solo")
-    lines, seconds = _stream_until_killed(stack["base"], stack["key"], "solo", replica)
+    [replica] = serving(stack.deployments["solo"].pk, 1)
+    before = metric(stack.base, "switchyard_requests_failover_failed_total", deployment="solo")
+    lines, seconds = _stream_until_killed(stack.base, stack.key, "solo", replica)
     assert lines[-1] == "[DONE]" and seconds < 10
     error = json.loads(lines[-2])["error"]
     assert error["code"] == "no_ready_replica" and f"replica {replica}" in error["message"]
     assert all("error" not in json.loads(line) for line in lines[:-2])
-    assert metric(stack["base"], "switchyard_requests_failover_failed_total", deployment="solo") == before + 1
-    assert events("request.failover_failed", stack["solo"])[-1]["from_replica"] == replica
+    assert metric(stack.base, "switchyard_requests_failover_failed_total", deployment="solo") == before + 1
+    assert events("request.failover_failed", stack.deployments["solo"].pk)[-1]["from_replica"] == replica
 
 
-def test_with_failover_off_a_lost_replica_ends_the_stream(stack):
-    victim, _ = serving(stack["pair"], 2)
+def test_with_failover_off_a_lost_replica_ends_the_stream(stack, plain):
+    victim, _ = serving(stack.deployments["pair"].pk, 2)
     # The plain web process routes by the same counts: send until the victim takes one.
     for _ in range(10):
         try:
-            lines, _seconds = _stream_until_killed(stack["plain"], stack["key"], "pair", victim)
+            lines, _seconds = _stream_until_killed(plain, stack.key, "pair", victim)
             break
         except AssertionError:
             continue
@@ -387,20 +357,20 @@ def test_with_failover_off_a_lost_replica_ends_the_stream(stack):
 
 
 def test_a_stopped_only_replica_is_refused_with_retry_after_until_it_heartbeats(stack):
-    [replica] = serving(stack["solo"], 1)
+    [replica] = serving(stack.deployments["solo"].pk, 1)
     pid = _pid(replica)
-    headers = {"Authorization": f"Bearer {stack['key']}"}
+    headers = {"Authorization": f"Bearer {stack.key}"}
     body = {"model": "solo", "prompt": "Hello", "max_tokens": 2}
     os.kill(pid, signal.SIGSTOP)
     try:
         wait_for(lambda: not _fresh(replica_status(replica)), 10, "the heartbeat to go stale")
-        r = httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30)
+        r = httpx.post(stack.base + "/v1/completions", headers=headers, json=body, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_ready_replica"
         assert int(r.headers["Retry-After"]) > 0
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_for(lambda: _fresh(replica_status(replica)), 10, "the heartbeat to return")
-    assert httpx.post(stack["base"] + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
+    assert httpx.post(stack.base + "/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
 
 
 def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
@@ -414,8 +384,8 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
     from controlplane.gateway.hub import ReplicaHub
     from controlplane.gateway.routing.dispatched import dispatched_key
 
-    draining, other = serving(stack["pair"], 2)
-    deployment = Deployment.objects.get(pk=stack["pair"])
+    draining, other = serving(stack.deployments["pair"].pk, 2)
+    deployment = Deployment.objects.get(pk=stack.deployments["pair"].pk)
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     pid, busy = _pid(draining), {f"busy-{i}": float(client.time()[0]) + 60 for i in range(4)}
     params = protocol.WireSamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -6,26 +6,11 @@ and the telemetry points show what the speculating replicas drafted."""
 
 from __future__ import annotations
 
-import uuid
-
-import openai
 import pytest
 
 from tests.engine.checkpoints import build_eagle3_head
-from tests.support.stack import (
-    committed,
-    demo_model,
-    metric,
-    processes,
-    sample_sum,
-    scrape,
-    stack_env,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import free_port
+from tests.support.platform import platform
+from tests.support.stack import metric, sample_sum, scrape, wait_for
 from workers.demo import MODEL_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
@@ -41,45 +26,22 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    from django.contrib.auth import get_user_model
-
-    from controlplane.catalog.services import register_model, validate_model
-    from controlplane.deployments.services import create_deployment
-    from controlplane.gateway.services import create_api_key
-
-    state = tmp_path_factory.mktemp("speculative")
     head = build_eagle3_head(tmp_path_factory.mktemp("draft") / "head", MODEL_DIR, draft_vocab_size=512)
-    node, port = f"spec-{uuid.uuid4().hex[:6]}", free_port()
     # Every prompt of the disaggregated deployment goes through its prefill replica.
-    env = stack_env(state, REPLICA_CPU_THREADS="1", REPLICA_MAX_RESTARTS="2", PD_LOCAL_PREFILL_TOKENS="0",
-                    CPU_REPLICAS_PER_DEVICE="5")  # fmt: skip
-    with committed(django_db_blocker):
-        owner = get_user_model().objects.create_user("spec-owner", is_staff=True)
-        model = demo_model()
-        draft = validate_model(register_model(name="random-head", source=str(head)).pk)
-        assert draft.status == "ready", draft.status_message
-        with processes(state, node, env, web_port=port):
-            wait_online(node)
-            settings = {
-                "none": {},
-                "ngram": {"speculative_method": "ngram", "speculative_k": 3},
-                "eagle3": {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": draft},
-            }
-            for method in METHODS:
-                create_deployment({"slug": method, "model": model, "replicas": 1, **settings[method]})
-            create_deployment({"slug": "pd-eagle3", "model": model, "mode": "disaggregated", "replicas": 0,
-                               "prefill_replicas": 1, "decode_replicas": 1, **settings["eagle3"]})  # fmt: skip
-            _, secret = create_api_key(name="all", owner=owner)
-            replicas = {method: wait_ready(method, 1, 120)[0] for method in METHODS}
-            replicas.update({f"pd-{r.role}": r for r in wait_ready("pd-eagle3", 2, 120)})
-            base = f"http://127.0.0.1:{port}"
-            wait_web(base)
-            yield {"base": base, "key": secret, "replicas": replicas}
+    env = {"REPLICA_MAX_RESTARTS": "2", "PD_LOCAL_PREFILL_TOKENS": "0", "CPU_REPLICAS_PER_DEVICE": "5"}
+    eagle3 = {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": "random-head"}
+    settings = {"none": {}, "ngram": {"speculative_method": "ngram", "speculative_k": 3}, "eagle3": eagle3}
+    deployments = [{"slug": method, "replicas": 1, **settings[method]} for method in METHODS]
+    deployments.append({"slug": "pd-eagle3", "mode": "disaggregated", "replicas": 0, "prefill_replicas": 1,
+                        "decode_replicas": 1, **eagle3})  # fmt: skip
+    with platform(django_db_blocker, tmp_path_factory, "spec", deployments=deployments, env=env,
+                  models={"random-head": head}, staff=True) as p:  # fmt: skip
+        yield p
 
 
 @pytest.fixture
 def client(stack):
-    return openai.OpenAI(base_url=stack["base"] + "/v1", api_key=stack["key"], max_retries=0, timeout=60)
+    return stack.client()
 
 
 def streamed(client, deployment: str, question: str, tools: bool) -> str:
@@ -110,17 +72,17 @@ def test_the_speculating_replicas_report_their_drafts_to_metrics_and_telemetry(c
     from controlplane.common import redis as redis_client
     from controlplane.telemetry.history import sample
 
-    replica = {method: str(r.pk) for method, r in stack["replicas"].items()}
+    replica = {method: str(stack.replica(method).pk) for method in METHODS}
     for method in METHODS:
         streamed(client, method, *PROMPTS[0])
 
     def drafts(method: str) -> float:
-        return metric(stack["base"], "switchyard_spec_drafts_total", replica=replica[method])
+        return metric(stack.base, "switchyard_spec_drafts_total", replica=replica[method])
 
     for method in ("ngram", "eagle3"):
         wait_for(lambda method=method: drafts(method) > 0, 5, f"the {method} replica's drafts in /metrics")
         # One scrape: a later one may already count drafts a newer heartbeat reported.
-        samples, labels = scrape(stack["base"]), {"replica": replica[method]}
+        samples, labels = scrape(stack.base), {"replica": replica[method]}
         accepted = sample_sum(samples, "switchyard_spec_accepted_tokens_total", **labels, position="0")
         drafted = sample_sum(samples, "switchyard_spec_draft_tokens_total", **labels, position="0")
         assert 0 <= accepted <= drafted == sample_sum(samples, "switchyard_spec_drafts_total", **labels)
@@ -141,12 +103,12 @@ def test_a_disaggregated_deployment_speculates_on_its_decode_replica_only(client
     raw = client.chat.completions.with_raw_response.create(
         model="pd-eagle3", messages=[{"role": "user", "content": question}], temperature=0, max_tokens=32
     )
-    decode, prefill = stack["replicas"]["pd-decode"], stack["replicas"]["pd-prefill"]
+    decode, prefill = stack.replica("pd-eagle3", "decode"), stack.replica("pd-eagle3", "prefill")
     assert raw.headers["x-switchyard-prefill-replica"] == str(prefill.pk)
     assert raw.parse().choices[0].message.content == streamed(client, "none", question, tools)
 
     def drafts(replica) -> float:
-        return metric(stack["base"], "switchyard_spec_drafts_total", replica=str(replica.pk))
+        return metric(stack.base, "switchyard_spec_drafts_total", replica=str(replica.pk))
 
     wait_for(lambda: drafts(decode) > 0, 5, "the decode replica's drafts in /metrics")
     assert drafts(prefill) == 0
