@@ -16,56 +16,41 @@ import uuid
 import httpx
 import pytest
 
-from tests.support.stack import (
-    demo_model,
-    pid_alive,
-    processes,
-    stack_env,
-    start_agent,
-    wait_for,
-    wait_online,
-    wait_ready,
-    wait_web,
-)
-from workers.bench.processes import RedisServer, free_port, stop
+from tests.support.platform import platform as start_platform
+from tests.support.stack import pid_alive, start_agent, wait_for, wait_ready
+from workers.bench.processes import RedisServer, stop
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 @pytest.fixture
-def platform(tmp_path):
-    """The stack on its own Redis, with the `demo` deployment (`replicas` ready) and an API key."""
-    from django.contrib.auth import get_user_model
-
-    from controlplane.common.services import create_token
-    from controlplane.gateway.services import create_api_key
-
+def redis_server():
+    """The stack's own redis-server, for a test to stop and start."""
     server = RedisServer()
     server.start()
-    node, port = f"faults-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(tmp_path, REDIS_URL=server.url, CELERY_BROKER_URL=server.url, REPLICA_CPU_THREADS="1",
-                    CHANNELS_PREFIX=f"faults-{node}")  # fmt: skip
-    owner = get_user_model().objects.create_user("faults", is_staff=True)
-    model = demo_model()
-    _, key = create_api_key(name="k", owner=owner)
-    token = create_token(owner)[1]
     try:
-        with processes(tmp_path, node, env, web_port=port) as procs:
-            wait_online(node)
-            wait_web(f"http://127.0.0.1:{port}")  # _deploy's request is the first: no replica to wait for before it
-            yield {"base": f"http://127.0.0.1:{port}", "key": key, "model": model, "node": node, "env": env,
-                   "procs": procs, "redis": server, "state": tmp_path, "token": token}  # fmt: skip
+        yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def platform(tmp_path_factory, redis_server):
+    """The stack on its own Redis, with an API key and a management token; no deployment yet (_deploy's
+    request is the first)."""
+    url = redis_server.url
+    env = {"REDIS_URL": url, "CELERY_BROKER_URL": url, "CHANNELS_PREFIX": f"faults-{uuid.uuid4().hex[:6]}"}
+    with start_platform(None, tmp_path_factory, "faults", deployments=[], env=env, staff=True, token=True) as p:
+        yield p
 
 
 def _deploy(platform, replicas: int):
     """Through the management API: the web process's Celery app (unlike this process's) sends
     the reconcile to this stack's Redis."""
-    body = {"slug": "demo", "model": platform["model"].name, "replicas": replicas, "max_num_seqs": 32}
-    created = httpx.post(f"{platform['base']}/api/v1/deployments/", json=body, timeout=30,
-                         headers={"Authorization": f"Bearer {platform['token']}"})  # fmt: skip
+    body = {"slug": "demo", "model": platform.model.name, "replicas": replicas, "max_num_seqs": 32}
+    created = httpx.post(f"{platform.base}/api/v1/deployments/", json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {platform.token}"})  # fmt: skip
     assert created.status_code == 201, created.text
     return wait_ready(created.json()["slug"], replicas, 120)
 
@@ -100,7 +85,7 @@ async def _stream(base: str, key: str, max_tokens: int, started: asyncio.Event |
 
 def test_agent_killed_under_twenty_streams_loses_none(platform):
     replicas = _deploy(platform, 2)
-    base, key = platform["base"], platform["key"]
+    base, key = platform.base, platform.key
     undisturbed = asyncio.run(_stream(base, key, 48))
     assert undisturbed["done"] and not undisturbed["error"]
 
@@ -108,7 +93,7 @@ def test_agent_killed_under_twenty_streams_loses_none(platform):
         started = asyncio.Event()
         tasks = [asyncio.create_task(_stream(base, key, 48, started)) for _ in range(20)]
         await asyncio.wait_for(started.wait(), 60)
-        agent = platform["procs"][1]
+        agent = platform.procs[1]
         agent.kill()  # SIGKILL, mid-stream
         agent.wait()
         return await asyncio.gather(*tasks)
@@ -118,12 +103,10 @@ def test_agent_killed_under_twenty_streams_loses_none(platform):
     assert all(r["done"] and r["text"] == undisturbed["text"] for r in results)
     assert all(pid_alive(r.pid) for r in replicas)  # the replicas outlived their agent
 
-    agent, agent_log = start_agent(platform["state"], platform["node"], platform["env"], log_name="agent-2")
+    agent, agent_log = start_agent(platform.state, platform.node, platform.env, log_name="agent-2")
     try:
         adopted = sorted(r.pk for r in replicas)
-        wait_for(
-            lambda: f"adopted replicas {adopted}" in (platform["state"] / "agent-2.log").read_text(), 60, "adoption"
-        )
+        wait_for(lambda: f"adopted replicas {adopted}" in (platform.state / "agent-2.log").read_text(), 60, "adoption")
         again = asyncio.run(_stream(base, key, 8))
         assert again["done"] and not again["error"]
     finally:
@@ -133,13 +116,13 @@ def test_agent_killed_under_twenty_streams_loses_none(platform):
     wait_for(lambda: not any(pid_alive(r.pid) for r in replicas), 30, "the adopted replicas to stop")
 
 
-def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
+def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform, redis_server):
     from django.utils import timezone
 
     from controlplane.inventory.models import Node
 
     _deploy(platform, 1)
-    base, key, server = platform["base"], platform["key"], platform["redis"]
+    base, key, server = platform.base, platform.key, redis_server
 
     async def run():
         started = asyncio.Event()
@@ -172,7 +155,7 @@ def test_redis_restart_ends_streams_cleanly_and_service_comes_back(platform):
         raise AssertionError(f"{exc}; the last attempt: {last}") from None
     # The Celery side came back too: the agent's reports reach the control worker again.
     wait_for(
-        lambda: Node.objects.get(name=platform["node"]).last_heartbeat > returned,
+        lambda: Node.objects.get(name=platform.node).last_heartbeat > returned,
         30,
         "the control worker to apply a node report sent after Redis returned",
     )

@@ -12,7 +12,7 @@ this function."""
 from __future__ import annotations
 
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +45,14 @@ class Platform:
     node: str
     env: dict  # the processes' environment
     owner: object  # the user who owns the keys
-    keys: dict[str, str]  # API key secrets by name; "key" may use every deployment
+    keys: dict[str, str]  # API key secrets by name, "key" the default
     deployments: dict  # by slug
     replicas: dict[str, list]  # each deployment's replicas as they were once all ready, by slug
     token: str = ""  # a management API token of the owner's, when asked for
     session: str = ""  # a console session cookie of the owner's, when asked for
-    models: dict = field(default_factory=dict)  # by name
+    model: object = None  # the demo model
+    models: dict = field(default_factory=dict)  # every model registered, by name
+    procs: list = field(default_factory=list)  # processes()': the control worker, the agent, web (, beat)
 
     @property
     def key(self) -> str:
@@ -111,7 +113,8 @@ def platform(
       slugs, `owner` another user's name (default the platform's owner).
     - `env`: settings for every process, over stack_env's and REPLICA_CPU_THREADS=1.
     - `models`: more models to register, {name: directory}.
-    - `staff`: the owner is staff; `token`, `session`: a management token, a console session."""
+    - `staff`: the owner is staff; `token`, `session`: a management token, a console session.
+    - `django_db_blocker` None: the test's own (transactional) database, left as it is."""
     from django.contrib.auth import get_user_model
     from django.test import Client
 
@@ -123,14 +126,14 @@ def platform(
     state = tmp_path_factory.mktemp(label)
     node, port = f"{label}-{uuid.uuid4().hex[:6]}", free_port()
     env = stack_env(state, **{"REPLICA_CPU_THREADS": "1", **(env or {})})
-    with committed(django_db_blocker):
+    with committed(django_db_blocker) if django_db_blocker is not None else nullcontext():
         users = get_user_model().objects
         owner = users.create_user(f"{label}-owner", is_staff=staff)
         registered = {model: demo_model(model)}
         for name, source in (models or {}).items():
             registered[name] = validate_model(register_model(name=name, source=str(source)).pk)
             assert registered[name].status == "ready", registered[name].status_message
-        with processes(state, node, env, web_port=port, beat=beat):
+        with processes(state, node, env, web_port=port, beat=beat) as procs:
             wait_online(node)
             created = {}
             for spec in deployments:
@@ -159,5 +162,5 @@ def platform(
             yield Platform(
                 base=base, port=port, state=state, node=node, env=env, owner=owner, keys=secrets,
                 deployments=created, replicas=replicas, token=management, session=cookie,
-                models=registered,
+                model=registered[model], models=registered, procs=procs,
             )  # fmt: skip
