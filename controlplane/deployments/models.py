@@ -66,6 +66,9 @@ class Deployment(models.Model):
         NONE = "none"
         NGRAM = "ngram"
         EAGLE3 = "eagle3"
+        # Prompt lookup where the context repeats, the draft head (if any) elsewhere, k per step
+        # from the replica's measured costs (workers/engine/speculative/auto.py).
+        AUTO = "auto"
 
     class DesiredState(models.TextChoices):
         RUNNING = "running"

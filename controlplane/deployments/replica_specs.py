@@ -49,7 +49,7 @@ def speculative_spec(deployment: Deployment, role: str) -> SpeculativeSpec | Non
     method = deployment.speculative_method
     if method == Deployment.Speculative.NONE or role == Replica.Role.PREFILL:
         return None
-    draft = deployment.draft_model.source if method == Deployment.Speculative.EAGLE3 else None
+    draft = deployment.draft_model.source if deployment.draft_model is not None else None  # eagle3, auto
     return SpeculativeSpec(method=method, num_speculative_tokens=deployment.speculative_k, draft_model=draft)
 
 

@@ -45,16 +45,18 @@ SPECULATION_FIELDS = ("model", "speculative_method", "draft_model")
 
 def validate_speculation(data: dict, check_files: bool = True) -> None:
     """ngram drafts from the prompt and output (no draft model); eagle3 needs a registered
-    EAGLE-3 head that fits the deployment's model; none takes no draft model either."""
+    EAGLE-3 head that fits the deployment's model; auto takes one or none; none takes none."""
     method = data.get("speculative_method", Deployment.Speculative.NONE)
     draft = data.get("draft_model")
-    if method != Deployment.Speculative.EAGLE3:
+    if method not in (Deployment.Speculative.EAGLE3, Deployment.Speculative.AUTO):
         if draft is not None:
             raise DomainError(
-                f"draft_model is only used by speculative_method 'eagle3' (this deployment's is {method!r}); "
-                "leave it empty (null)",
+                f"draft_model is only used by speculative_method 'eagle3' or 'auto' (this deployment's is "
+                f"{method!r}); leave it empty (null)",
                 "draft_model",
             )
+        return
+    if draft is None and method == Deployment.Speculative.AUTO:
         return
     if draft is None:
         raise DomainError(

@@ -145,6 +145,10 @@ SPEC_PER_POSITION = {
     "accepted_per_position": ("switchyard_spec_accepted_tokens_total",
                               "Draft tokens accepted, by position in the draft run (0: the first guess)."),
 }  # fmt: skip
+SPEC_CHOSEN_K = (
+    "switchyard_spec_chosen_k_total",
+    "Decoding sequences given k draft tokens by the measured choice (speculative method auto), by k (0: none).",
+)
 SPEC_ACCEPTANCE_LENGTH = (
     "switchyard_spec_mean_acceptance_length",
     "Tokens a draft run yields on average (its accepted guesses plus the target's own token), since the replica "
@@ -163,6 +167,8 @@ def _speculation(exp: Exposition, labels: dict, spec: dict) -> None:
     for key, (name, help_text) in SPEC_PER_POSITION.items():
         for position, count in enumerate(spec.get(key) or []):
             exp.add(name, "counter", help_text, labels, count, extra={"position": position})
+    for k, count in enumerate(spec.get("chosen_k") or []):
+        exp.add(SPEC_CHOSEN_K[0], "counter", SPEC_CHOSEN_K[1], labels, count, extra={"k": k})
     length = mean_acceptance_length(spec.get("num_drafts", 0), spec.get("accepted_per_position") or [])
     if length is not None:
         exp.add(SPEC_ACCEPTANCE_LENGTH[0], "gauge", SPEC_ACCEPTANCE_LENGTH[1], labels, length)

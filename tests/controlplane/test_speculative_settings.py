@@ -1,5 +1,5 @@
-"""A deployment's speculative decoding through the management API: none, ngram and eagle3 with
-their k; an EAGLE-3 head registers as a draft, is refused as a deployment's own model, and is
+"""A deployment's speculative decoding through the management API: none, ngram, eagle3 and auto
+with their k; an EAGLE-3 head registers as a draft, is refused as a deployment's own model, and is
 checked against the deployment's model (vocabulary, hidden size, aux layers) with a 400 naming
 what does not fit; the replica spec carries the settings (prefill replicas never speculate)."""
 
@@ -73,7 +73,7 @@ def test_a_draft_model_without_eagle3_is_refused(staff_client, target, heads, me
     register_head(staff_client, "head", heads["fits"])
     response = create(staff_client, speculative_method=method, draft_model="head")
     assert response.status_code == 400
-    assert "draft_model is only used by speculative_method 'eagle3'" in response.json()["draft_model"][0]
+    assert "draft_model is only used by speculative_method 'eagle3' or 'auto'" in response.json()["draft_model"][0]
 
 
 @pytest.mark.parametrize(
@@ -103,6 +103,25 @@ def test_eagle3_with_a_head_that_fits_is_accepted(staff_client, target, heads):
     assert response.status_code == 201, response.json()
     dep = Deployment.objects.get()
     assert (dep.speculative_method, dep.speculative_k, dep.draft_model.name) == ("eagle3", 5, "head")
+
+
+def test_auto_takes_a_head_or_none_and_reaches_the_replica(staff_client, target, heads):
+    """auto: prompt lookup where the context repeats, the head (if given) elsewhere, k chosen per
+    step by the replica's measured costs; the head is checked against the model as for eagle3."""
+    register_head(staff_client, "head", heads["fits"])
+    register_head(staff_client, "bad-head", heads["vocab"])
+    bare = create(staff_client, speculative_method="auto", speculative_k=4)
+    assert bare.status_code == 201, bare.json()
+    spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get()))
+    assert spec.speculative.engine_config() == {"method": "auto", "num_speculative_tokens": 4}
+    url = "/api/v1/deployments/d/"
+    bad = staff_client.patch(url, {"draft_model": "bad-head"}, format="json")
+    assert bad.status_code == 400 and "does not fit" in bad.json()["draft_model"][0]
+    with_head = staff_client.patch(url, {"draft_model": "head"}, format="json")
+    assert with_head.status_code == 200, with_head.json()
+    spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get()))
+    config = spec_from_wire(spec.to_wire()).speculative.engine_config()
+    assert (config["method"], config["model"]) == ("auto", str(heads["fits"]))
 
 
 def test_eagle3_runs_on_a_parallel_replica(staff_client, target, heads):
@@ -158,7 +177,8 @@ def test_changing_speculation_is_checked_and_reaches_replicas_started_from_then(
     assert bad.status_code == 400 and "does not fit" in bad.json()["draft_model"][0]
     # Leaving eagle3 means saying the draft goes too: nothing stored is left unused in silence.
     kept = staff_client.patch(url, {"speculative_method": "ngram"}, format="json")
-    assert kept.status_code == 400 and "only used by speculative_method 'eagle3'" in kept.json()["draft_model"][0]
+    assert kept.status_code == 400
+    assert "only used by speculative_method 'eagle3' or 'auto'" in kept.json()["draft_model"][0]
     to_ngram = staff_client.patch(url, {"speculative_method": "ngram", "draft_model": None}, format="json")
     assert to_ngram.status_code == 200, to_ngram.json()
     dep = Deployment.objects.get()

@@ -153,6 +153,21 @@ def test_speculation_is_rendered_for_replicas_that_speculate_only(redis, deploym
     assert {s.labels["deployment"] for s in samples} == {"demo"}
 
 
+def test_an_auto_replica_reports_the_k_it_chose(redis, deployment):
+    """Method auto (k chosen per step from measured costs): how many decoding sequences were given
+    each k, 0 included, as switchyard_spec_chosen_k_total{k}; a fixed-k replica has no such series."""
+    auto, fixed = replica(deployment), replica(deployment)
+    report(redis, auto, "a", spec={**speculative(4, [4, 3], [2, 1]), "method": "auto", "chosen_k": [9, 1, 3]})
+    report(redis, fixed, "b", spec=speculative(4, [4, 3], [2, 1]))
+    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
+               if s.name == "switchyard_spec_chosen_k_total"]  # fmt: skip
+    assert {(s.labels["replica"], s.labels["k"]): s.value for s in samples} == {
+        (str(auto.pk), "0"): 9,
+        (str(auto.pk), "1"): 1,
+        (str(auto.pk), "2"): 3,
+    }
+
+
 def test_a_replica_that_drafted_nothing_yet_has_no_acceptance_length(redis, deployment):
     report(redis, replica(deployment), "a", spec=speculative(0, [0, 0], [0, 0]))
     names = {s.name for f in text_string_to_metric_families(render(redis)) for s in f.samples}

@@ -28,7 +28,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 
 DIMENSIONS = {
-    "speculation": ["none", "ngram", "eagle3", "eagle3-measured"],
+    "speculation": ["none", "ngram", "eagle3", "auto"],
     "grammar": ["none", *sorted(GRAMMARS)],
     "n": ["1", "3"],
     "sampling": ["greedy", "seeded"],
@@ -57,9 +57,9 @@ SPECS = {
     "none": None,
     "ngram": {**NGRAM, "disable_by_batch_size": 16},
     "eagle3": {**EAGLE3, "disable_by_batch_size": 16},
-    # k per sequence and step from the measured costs (speculative/cost_model.py): any choice,
-    # 0 included, must leave every output as it is.
-    "eagle3-measured": {**EAGLE3, "choose_k": "measured"},
+    # Prompt lookup or the head per sequence, k per sequence and step from the measured costs
+    # (speculative/auto.py, cost_model.py): any choice, 0 included, leaves every output as it is.
+    "auto": {**EAGLE3, "method": "auto"},
 }
 
 

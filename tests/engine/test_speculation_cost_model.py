@@ -2,7 +2,7 @@
 tables and acceptance histories the chosen k per sequence is the expected-throughput maximum,
 k = 0 when verifying costs more than the accepted guesses save; and an engine with
 `choose_k: "measured"` switches drafting per step as its batch grows and shrinks, without
-changing an output."""
+changing an output; and `auto` (lookup or the head, k measured) leaves every output as it is."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import random
 
 import pytest
 
-from tests.engine.test_speculative_decode import BatchLog, generate, make
-from workers.engine import RequestError, SamplingParams
+from tests.engine.test_compose import DEMO
+from tests.engine.test_speculative_decode import BatchLog, assert_same, generate, make
+from workers.engine import LLM, RequestError, SamplingParams
 from workers.engine.speculative import cost_model
 from workers.engine.speculative.config import NO_BATCH_LIMIT, SpeculativeConfig
 from workers.engine.speculative.cost_model import Acceptance, StepCosts, choose, expected_tokens
+
+DEMO_DRAFT = "workers/demo/draft"
 
 
 def costs_from(table: dict[int, dict[int, float]], draft: dict[int, float] | None = None) -> StepCosts:
@@ -161,3 +164,33 @@ def test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks(checkpoint_fa
     assert any(d for step in alone for _, d in step), "alone, it drafts again"
     chosen = engine.speculation_stats()["chosen_k"]
     assert chosen[0] > 0 and sum(chosen[1:]) > 0
+
+
+@pytest.mark.parametrize("head", ["without a head", "with the demo head"])
+def test_auto_is_lossless_and_drafts_from_lookup_or_the_head(head):
+    """`auto`: prompt lookup where the context repeats, the head elsewhere, k from the measured
+    costs. Whatever it chooses, greedy output equals the plain engine's; the first verify is
+    always tried (its cost is unknown until then), so something was drafted."""
+    spec = {"method": "auto", "num_speculative_tokens": 3}
+    if head == "with the demo head":
+        spec["model"] = DEMO_DRAFT
+    prompts = [[5, 9, 33, 100, 7, 8, 9, 10, 11] * 3, [3, 4], list(range(20, 70)) * 2]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    llm = LLM(DEMO, device="cpu", dtype="float32", speculative_config=spec)
+    assert llm.engine.speculator.config.choose_k == "measured"
+    got = generate(llm, prompts, params)
+    want = generate(LLM(DEMO, device="cpu", dtype="float32"), prompts, params)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+    stats = llm.engine.speculation_stats()
+    assert stats["num_drafts"] >= 1 and sum(stats["chosen_k"][1:]) >= 1
+    assert (llm.engine.drafter.head is None) == (head == "without a head")
+
+
+def test_auto_configuration(llama_dir):
+    with pytest.raises(RequestError, match="'auto' chooses k from measured costs: choose_k must be 'measured'"):
+        SpeculativeConfig.from_dict({"method": "auto", "num_speculative_tokens": 3, "choose_k": "fixed"})
+    with pytest.raises(RequestError, match="'auto' takes 'model'"):
+        SpeculativeConfig.from_dict({"method": "auto", "num_speculative_tokens": 3, "model": ""})
+    config = SpeculativeConfig.from_dict({"method": "auto", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    assert (config.choose_k, config.prompt_lookup_min, config.model) == ("measured", 1, None)

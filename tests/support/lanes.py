@@ -113,7 +113,10 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_stats_and_configuration",
         "test_speculation_switches_off_above_the_batch_threshold",
     ),
-    "engine/test_speculation_cost_model.py": ("test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks",),
+    "engine/test_speculation_cost_model.py": (
+        "test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks",
+        "test_auto_is_lossless_and_drafts_from_lookup_or_the_head",
+    ),
     "engine/test_speculative_rejection.py": ("test_bad_draft_distribution_still_yields_the_target_distribution",),
     "engine/test_structured.py": (
         "test_free_requests_are_unchanged_by_constrained_neighbours_with_chunking_and_preemption",

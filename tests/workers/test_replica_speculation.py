@@ -1,6 +1,7 @@
 """A replica process started from a spec with speculation (as a node agent starts one) runs its
 engine with that speculative_config and reports what it drafted and accepted in its status
-hash; one without speculation reports nothing of it. Both give the same greedy tokens."""
+hash; one without speculation reports nothing of it; one with method auto also how many guesses
+it chose per sequence. All give the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaSpec, ReplicaStatus, SpeculativeSpec
 
 pytestmark = pytest.mark.timeout(180)
-NGRAM, PLAIN = 9521, 9522
+NGRAM, PLAIN, AUTO = 9521, 9522, 9523
 # The demo model goes on with what the prompt says twice over: text the n-gram drafter finds.
 PROMPT = "The capital of Japan is Tokyo. The capital of France is Paris. The capital of Japan is"
 
@@ -25,14 +26,14 @@ def replicas(tmp_path_factory):
     state = tmp_path_factory.mktemp("spec-replicas")
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     started = []
-    for rid, speculative in ((NGRAM, SpeculativeSpec("ngram", 3)), (PLAIN, None)):
+    for rid, speculative in ((NGRAM, SpeculativeSpec("ngram", 3)), (PLAIN, None), (AUTO, SpeculativeSpec("auto", 3))):
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
         spec = ReplicaSpec(replica_id=rid, deployment="spec", model=str(MODEL_DIR), model_name="demo",
                            dtype="float32", threads=1, redis_url=settings.REDIS_URL, kv_cache_bytes=16 << 20,
                            speculative=speculative)  # fmt: skip
         started.append(start_replica(spec, state))
     try:
-        for rid in (NGRAM, PLAIN):
+        for rid in (NGRAM, PLAIN, AUTO):
             wait_for(lambda rid=rid: client.hget(protocol.status_key(rid), "state") == "ready", 90, f"replica {rid}")
         yield client
     finally:
@@ -63,3 +64,16 @@ def test_a_speculating_replica_reports_its_drafts_and_answers_as_one_that_does_n
     assert all(a <= d for a, d in zip(spec["accepted_per_position"], spec["drafted_per_position"], strict=True))
     assert spec["verify_seconds"] >= 0.0 and spec["draft_seconds"] >= 0.0
     assert "speculative" not in metrics(replicas, PLAIN)
+
+
+def test_an_auto_replica_reports_the_k_it_chose_and_answers_as_one_that_does_not(replicas):
+    assert generate(replicas, AUTO, PROMPT) == generate(replicas, PLAIN, PROMPT)
+
+    def chose():
+        spec = metrics(replicas, AUTO).get("speculative")
+        return spec if spec and sum(spec.get("chosen_k", [])) > 0 else None
+
+    spec = wait_for(chose, 5, "the replica to report the k it chose")
+    assert spec["method"] == "auto" and len(spec["chosen_k"]) == 4  # k = 0..3
+    assert sum(spec["chosen_k"][1:]) >= 1  # the first verify is always tried (its cost unknown till then)
+    assert "chosen_k" not in metrics(replicas, NGRAM)["speculative"]  # a fixed k chooses nothing

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     sp.add_argument(
         "--methods",
         default="none,ngram,eagle3",
-        help="comma-separated, of none (the baseline), ngram, eagle3, ngram-measured, eagle3-measured",
+        help="comma-separated, of none (the baseline), ngram, eagle3, ngram-measured, eagle3-measured, auto",
     )
     sp.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="drafts per step")
     sp.add_argument("--rounds", type=int, help="rounds of every method (default 7, --quick 2)")

@@ -37,9 +37,11 @@ from workers.bench.work_count import counting, eagle3_cycle_bytes, eagle3_observ
 from workers.demo.corpus import conversations
 from workers.engine import LLM, SamplingParams
 from workers.engine.errors import RequestError
+from workers.engine.speculative import AutoDrafter
 
 # "-measured": the same drafter with k chosen per step from the measured costs (choose_k).
-METHODS = ("none", "ngram", "eagle3", "ngram-measured", "eagle3-measured")
+# auto: prompt lookup or the head per sequence, k measured (workers/engine/speculative/auto.py).
+METHODS = ("none", "ngram", "eagle3", "ngram-measured", "eagle3-measured", "auto")
 WORKLOADS = ("tool_calls", "chat")
 BATCHES = (1, 8)
 MODEL_DIR = ROOT / "workers" / "demo" / "model"
@@ -118,8 +120,8 @@ class Engine:
         base = method.removesuffix("-measured")
         if base == "ngram":
             spec = {"method": "ngram", "num_speculative_tokens": k}
-        elif base == "eagle3":
-            spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": k}
+        elif base in ("eagle3", "auto"):
+            spec = {"method": base, "model": draft, "num_speculative_tokens": k}
         if spec is not None and base != method:
             spec["choose_k"] = "measured"
         self.method = method
@@ -273,7 +275,7 @@ def run(args) -> int:
     if unknown or "none" not in methods:
         return _fail(f"--methods takes {', '.join(METHODS)} (none among them, the baseline); got {args.methods!r}")
     methods = [m for m in METHODS if m in methods]
-    if any(m.startswith("eagle3") for m in methods) and not (Path(args.draft) / "config.json").is_file():
+    if any(m.startswith(("eagle3", "auto")) for m in methods) and not (Path(args.draft) / "config.json").is_file():
         return _fail(
             f"eagle3: no draft head at {args.draft}; run `make demo-draft` to train it, "
             "or pass --methods none,ngram to leave EAGLE-3 out"
@@ -446,9 +448,10 @@ def _targets(rows: list[dict], methods: list[str]) -> list[str]:
 def _weight_bytes(engines: dict[str, Engine], k: int) -> dict[str, int]:
     """Weight bytes a target forward reads, a draft run of k tokens, and EAGLE-3's observe."""
     out = {"target": linear_bytes(engines["none"].engine.model), "ngram": 0}
-    eagle3 = engines.get("eagle3") or engines.get("eagle3-measured")
+    eagle3 = engines.get("eagle3") or engines.get("eagle3-measured") or engines.get("auto")
     if eagle3 is not None:
-        head = eagle3.engine.drafter.head
+        drafter = eagle3.engine.drafter
+        head = (drafter.head if isinstance(drafter, AutoDrafter) else drafter).head
         out["eagle3"] = eagle3_cycle_bytes(head, k)
         out["eagle3 observe"] = eagle3_observe_bytes(head)  # of the prompt, in the prefill step
     return out
@@ -470,7 +473,7 @@ def _work_bounds(work, weights: dict[str, int], rows, methods, k: int) -> list[s
                 lines.append(f"  {method}: no step verified {k} drafts")
                 continue
             ops = counts["verify"] + counts["draft"]
-            drafter = method.removesuffix("-measured")  # the same drafter's weights
+            drafter = "eagle3" if method == "auto" else method.removesuffix("-measured")  # the same drafter's weights
             cycle = target + weights[drafter]
             by_ops = (prefill + (n - 1) * decode) / (counts["prefill"] + (n - 1) / length * ops)
             by_bytes = n * target / (target + weights.get(f"{drafter} observe", 0) + (n - 1) / length * cycle)

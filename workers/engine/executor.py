@@ -41,7 +41,7 @@ def make_executor(
     from workers.engine.parallel.launch import ParallelGroup
 
     aux_layers, draft_embedding = (), False
-    if speculative is not None and speculative.method == "eagle3":
+    if speculative is not None and speculative.model is not None:  # an EAGLE-3 head (eagle3, auto)
         from workers.engine.speculative.eagle3 import head_aux_layers, head_has_embedding
 
         aux_layers = head_aux_layers(speculative.model, config.model, model_config.num_layers)

@@ -519,7 +519,7 @@ class ReplicaLoad(TypedDict, total=False):
     rank_memory: list[dict]
 
 
-class SpeculativeMetrics(TypedDict):
+class SpeculativeMetrics(TypedDict, total=False):
     """`metrics["speculative"]` of a replica that speculates (absent otherwise): its engine's
     counters since the process started. Position j (0-based) of a draft run is its j+1-th
     guess; a run's accepted guesses are a prefix of its drafted ones."""
@@ -531,6 +531,7 @@ class SpeculativeMetrics(TypedDict):
     accepted_per_position: list[int]  # ... and whose guess at position j was accepted
     verify_seconds: float  # time in steps that verified drafts
     draft_seconds: float  # time proposing drafts
+    chosen_k: list[int]  # method auto (k measured): sequences given k guesses by the choice, by k
 
 
 class Endpoint(TypedDict, total=False):
@@ -623,9 +624,11 @@ class ReplicaStatus:
 
 @dataclass
 class SpeculativeSpec(Wire):
-    """A replica's speculative decoding: `method` "ngram" (drafts from the prompt and output) or
-    "eagle3" (an EAGLE-3 head in `draft_model`, a directory on the replica's node), with
-    `num_speculative_tokens` drafted per step. Only colocated and decode replicas speculate."""
+    """A replica's speculative decoding: `method` "ngram" (drafts from the prompt and output),
+    "eagle3" (an EAGLE-3 head in `draft_model`, a directory on the replica's node) or "auto"
+    (prompt lookup, the head if `draft_model` is set, k per step from measured costs), with
+    `num_speculative_tokens` drafted per step (auto's most). Only colocated and decode replicas
+    speculate."""
 
     method: str
     num_speculative_tokens: int

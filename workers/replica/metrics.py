@@ -79,7 +79,7 @@ def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics |
     since start), or None when the engine does not speculate."""
     if stats is None:
         return None
-    return {
+    out: SpeculativeMetrics = {
         "method": method,
         "num_drafts": int(stats.get("num_drafts", 0)),
         "num_verify_steps": int(stats.get("num_verify_steps", 0)),
@@ -88,6 +88,9 @@ def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics |
         "verify_seconds": round(float(stats.get("verify_seconds", 0.0)), 6),
         "draft_seconds": round(float(stats.get("draft_seconds", 0.0)), 6),
     }
+    if "chosen_k" in stats:  # choose_k "measured" (auto)
+        out["chosen_k"] = [int(n) for n in stats["chosen_k"]]
+    return out
 
 
 TIER_COUNTS = ("hits", "misses", "bytes_read", "bytes_written", "checksum_failures", "errors", "evictions",

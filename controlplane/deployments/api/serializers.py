@@ -137,7 +137,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         queryset=Model.objects.all(),
         required=False,
         allow_null=True,
-        help_text="eagle3 only: a registered EAGLE-3 head trained for the model (null otherwise)",
+        help_text="eagle3 (required) and auto (optional): a registered EAGLE-3 head trained for the model "
+        "(null otherwise)",
     )
     replica_states = serializers.SerializerMethodField()
     routing_quality = serializers.SerializerMethodField(
@@ -174,10 +175,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", *DEPLOYMENT_STATE_FIELDS]
         extra_kwargs = {
             "speculative_method": {
-                "help_text": "speculative decoding: none, ngram (drafts from the prompt and output) or eagle3 "
-                "(drafts with draft_model); colocated and decode replicas speculate, prefill replicas never"
+                "help_text": "speculative decoding: none, ngram (drafts from the prompt and output), eagle3 "
+                "(drafts with draft_model) or auto (prompt lookup where the context repeats, draft_model if "
+                "given elsewhere, k per step from the replica's measured costs, none where nothing pays); "
+                "colocated and decode replicas speculate, prefill replicas never"
             },
-            "speculative_k": {"help_text": "tokens drafted per step (1-16), used by ngram and eagle3"},
+            "speculative_k": {"help_text": "tokens drafted per step (1-16); auto's most"},
             **{
                 size: {
                     "help_text": "ranks per replica (tensor_parallel x pipeline_parallel devices of one node); > 1 "

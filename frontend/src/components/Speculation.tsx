@@ -31,8 +31,9 @@ export function Speculation({ deployment, stats }: { deployment: Settings; stats
     return (
       <p className="muted speculation-off" data-testid="speculation-off">
         Speculative decoding is off. It pays at low concurrency, most on tool calls and JSON; under load it can cost
-        throughput. To turn it on, edit the deployment: speculative method <code>eagle3</code> with a draft head
-        (for the demo, <code>demo-draft</code>) or <code>ngram</code>, k 3.
+        throughput. To turn it on, edit the deployment: speculative method <code>auto</code> (drafts only where the
+        replica measures that it pays), <code>eagle3</code> with a draft head (for the demo, <code>demo-draft</code>)
+        or <code>ngram</code>, k 3.
       </p>
     );
   }

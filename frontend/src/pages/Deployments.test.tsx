@@ -119,4 +119,21 @@ describe("deployment page", () => {
       pipeline_parallel: 1, memory_fraction: 0.85 } });
     deployment.models = [];
   });
+
+  it("creates an auto-speculating deployment with or without a draft head", async () => {
+    deployment.models = [{ name: "demo-model", is_draft: false }, { name: "demo-draft", is_draft: true }];
+    render(<MemoryRouter><Deployments /></MemoryRouter>);
+    const form = screen.getByRole("form", { name: "Create a deployment" });
+    await within(form).findByRole("option", { name: "demo-model" });
+    fireEvent.change(within(form).getByLabelText("Model"), { target: { value: "demo-model" } });
+    fireEvent.change(within(form).getByLabelText("Name"), { target: { value: "agents" } });
+    fireEvent.change(within(form).getByLabelText("Speculative decoding"), { target: { value: "auto" } });
+    expect(within(form).getByRole("option", { name: "none (prompt lookup only)" })).toBeTruthy();
+    fireEvent.change(within(form).getByLabelText("Draft model"), { target: { value: "demo-draft" } });
+    fireEvent.submit(form);
+    await vi.waitFor(() => expect(vi.mocked(api).mock.calls.some(([path]) => path === "deployments/")).toBe(true));
+    const [, init] = vi.mocked(api).mock.calls.find(([path]) => path === "deployments/")!;
+    expect(init?.body).toMatchObject({ slug: "agents", speculative_method: "auto", speculative_k: 3, draft_model: "demo-draft" });
+    deployment.models = [];
+  });
 });

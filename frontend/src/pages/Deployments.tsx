@@ -68,7 +68,7 @@ export function Deployments() {
     else Object.assign(body, { replicas: 0, prefill_replicas: Number(form.prefill_replicas), decode_replicas: Number(form.decode_replicas) });
     if (form.speculative_method !== "none") {
       Object.assign(body, { speculative_method: form.speculative_method, speculative_k: Number(form.speculative_k) });
-      if (form.speculative_method === "eagle3") body.draft_model = form.draft_model || null;
+      if (form.speculative_method === "eagle3" || form.speculative_method === "auto") body.draft_model = form.draft_model || null;
     }
     try {
       await api("deployments/", { method: "POST", body });
@@ -126,6 +126,7 @@ export function Deployments() {
             <option value="none">none</option>
             <option value="ngram">ngram</option>
             <option value="eagle3">eagle3</option>
+            <option value="auto">auto (lookup or a draft head, k measured)</option>
           </select>
         </Field>
         {form.speculative_method !== "none" && (
@@ -133,10 +134,10 @@ export function Deployments() {
             <input type="number" min={1} max={16} value={form.speculative_k} onChange={set("speculative_k")} />
           </Field>
         )}
-        {form.speculative_method === "eagle3" && (
+        {(form.speculative_method === "eagle3" || form.speculative_method === "auto") && (
           <Field label="Draft model" error={errors.draft_model}>
             <select value={form.draft_model} onChange={set("draft_model")}>
-              <option value="">choose…</option>
+              <option value="">{form.speculative_method === "auto" ? "none (prompt lookup only)" : "choose…"}</option>
               {models.filter((m) => m.is_draft).map((m) => <option key={m.name} value={m.name}>{m.name}</option>)}
             </select>
           </Field>

@@ -4,6 +4,8 @@
                                        "prompt_lookup_min": 2, "prompt_lookup_max": 4})
     LLM(model=..., speculative_config={"method": "eagle3", "model": DRAFT_DIR,
                                        "num_speculative_tokens": 3})
+    LLM(model=..., speculative_config={"method": "auto", "num_speculative_tokens": 4,
+                                       "model": DRAFT_DIR})  # the head optional (auto.py)
 
 `disable_by_batch_size` (vLLM's name too): a step with more running sequences than this
 verifies no drafts, because at that batch the extra query tokens cost more than the accepted
@@ -21,7 +23,7 @@ from dataclasses import dataclass, fields
 
 from workers.engine.errors import RequestError
 
-METHODS = ("ngram", "eagle3")
+METHODS = ("ngram", "eagle3", "auto")
 CHOOSE_K = ("fixed", "measured")
 NO_BATCH_LIMIT = 1 << 30  # choose_k "measured" without a disable_by_batch_size: the costs decide
 MAX_SPECULATIVE_TOKENS = 16
@@ -66,18 +68,25 @@ class SpeculativeConfig:
         if method not in METHODS:
             raise RequestError(f"unknown speculative method {method!r}; choose one of {', '.join(METHODS)}")
         known = {f.name for f in fields(cls)} - {"method"}
-        known -= {"model"} if method == "ngram" else {"prompt_lookup_min", "prompt_lookup_max"}
+        if method == "ngram":
+            known -= {"model"}
+        elif method == "eagle3":
+            known -= {"prompt_lookup_min", "prompt_lookup_max"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise RequestError(f"speculative_config: unknown keys {unknown} for method {method!r}")
         if "num_speculative_tokens" not in raw:
             raise RequestError("speculative_config needs num_speculative_tokens")
-        choose_k = raw.pop("choose_k", "fixed")
+        choose_k = raw.pop("choose_k", "measured" if method == "auto" else "fixed")
         if choose_k not in CHOOSE_K:
             raise RequestError(f"speculative_config choose_k must be one of {', '.join(CHOOSE_K)}, got {choose_k!r}")
+        if method == "auto" and choose_k != "measured":
+            raise RequestError("speculative method 'auto' chooses k from measured costs: choose_k must be 'measured'")
         model = raw.pop("model", None)
         if method == "eagle3" and (not isinstance(model, str) or not model):
             raise RequestError("speculative method 'eagle3' needs 'model': the EAGLE-3 head's directory")
+        if method == "auto" and model is not None and (not isinstance(model, str) or not model):
+            raise RequestError("speculative method 'auto' takes 'model' (an EAGLE-3 head's directory) or none")
         values = {name: _count(name, value, minimum=0 if name == "draft_backoff" else 1) for name, value in raw.items()}
         values.setdefault(
             "disable_by_batch_size", NO_BATCH_LIMIT if choose_k == "measured" else DEFAULT_DISABLE_BY_BATCH_SIZE[method]

@@ -168,4 +168,7 @@ class Speculator:
         self.acceptance.pop(seq, None)
 
     def as_dict(self) -> dict:
-        return self.stats.as_dict()
+        out = self.stats.as_dict()
+        if self.measured:  # sequences given k guesses by the measured choice, by k
+            out["chosen_k"] = list(self.stats.chosen_k)
+        return out

@@ -40,5 +40,4 @@ class SpeculationStats:
             "acceptance_rate": accepted / drafted if drafted else None,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
-            "chosen_k": list(self.chosen_k),
         }
