@@ -89,7 +89,7 @@ class ModelShape:
             return None
 
 
-# A cache policy's fields that give its replicas KV tiers (specs.kv_tiers_spec).
+# A cache policy's fields that give its replicas KV tiers (replica_specs.kv_tiers_spec).
 TIER_FIELDS = ("dram_tier_bytes", "disk_tier_bytes", "store_tier")
 
 

@@ -192,7 +192,7 @@ def test_a_head_with_its_own_embedding_uses_it(checkpoint_factory, tmp_path):
 
 
 def test_speculation_defaults_per_method():
-    """Each method stops speculating above its own measured batch size (spec/config.py)."""
+    """Each method stops speculating above its own measured batch size (speculative/config.py)."""
     eagle3 = SpeculativeConfig.from_dict({"method": "eagle3", "model": "/x", "num_speculative_tokens": 3})
     ngram = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
     assert (eagle3.disable_by_batch_size, ngram.disable_by_batch_size) == (3, 4)

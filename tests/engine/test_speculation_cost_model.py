@@ -34,7 +34,7 @@ def costs_from(table: dict[int, dict[int, float]], draft: dict[int, float] | Non
 
 def rate_of(ks, rates, costs: StepCosts, batch_size: int) -> float:
     tokens = batch_size + sum(expected_tokens(r, k) - 1 for r, k in zip(rates, ks, strict=True))
-    seconds = costs.step_seconds(batch_size, 1 + sum(ks) / batch_size) + costs.draft_seconds(batch_size) * max(ks)
+    seconds = costs.step_seconds(batch_size, sum(ks)) + costs.draft_seconds(batch_size) * max(ks)
     return tokens / seconds
 
 
@@ -92,13 +92,17 @@ def test_nothing_measured_means_a_plain_step_first_then_a_verify_is_tried():
     assert choose([[0.5] * 3], [3], costs, 1).ks == [0]
 
 
-def test_step_times_are_interpolated_and_smoothed():
-    costs = costs_from({4: {1: 0.010, 3: 0.020}})
-    assert costs.step_seconds(3, 2) == pytest.approx(0.015)  # batch 3 counts in bucket 4
-    assert costs.step_seconds(4, 5) == pytest.approx(0.030)  # beyond: the last slope
-    assert costs.step_seconds(8, 1) is None
+def test_step_times_are_interpolated_by_the_guesses_verified_and_smoothed():
+    costs = costs_from({4: {1: 0.010, 3: 0.020}})  # plain steps, and 8 guesses verified at batch 4
+    assert costs.step_seconds(3, 4) == pytest.approx(0.015)  # batch 3 counts in bucket 4
+    assert costs.step_seconds(4, 16) == pytest.approx(0.030)  # beyond: the last slope
+    assert costs.step_seconds(8, 0) is None
+    # A step where one of 4 sequences verified one guess is a verify of 1, not a decode step.
+    costs.record_step(4, 4 + 1, 0.011)
+    assert costs.step_seconds(4, 0) == pytest.approx(0.010)
+    assert costs.step_seconds(4, 1) == pytest.approx(0.011)
     costs.record_step(4, 4, 0.020)  # one slow decode step moves the average a fifth of the way
-    assert costs.step_seconds(4, 1) == pytest.approx(0.012)
+    assert costs.step_seconds(4, 0) == pytest.approx(0.012)
 
 
 def test_acceptance_by_position_from_the_prior_and_the_sequence():

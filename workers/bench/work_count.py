@@ -93,7 +93,7 @@ def linear_bytes(*modules: nn.Module) -> int:
 
 
 def eagle3_observe_bytes(head) -> int:
-    """Weight bytes of an EAGLE-3 head's `observe` pass (spec/eagle3.py): fc, then its layer."""
+    """Weight bytes of an EAGLE-3 head's `observe` pass (speculative/eagle3.py): fc, then its layer."""
     return linear_bytes(head.fc, head.qkv_proj, head.o_proj, head.gate_up_proj, head.down_proj)
 
 

@@ -454,5 +454,5 @@ class LLMEngine:
         return self.executor.memory()
 
     def speculation_stats(self) -> dict | None:
-        """Speculation's counters since start (spec/stats.py), or None when it is off."""
+        """Speculation's counters since start (speculative/stats.py), or None when it is off."""
         return self.speculator.as_dict()

@@ -9,7 +9,7 @@ Log-probabilities are those of the model (raw logits), as vLLM reports them.
 `logit_bias` (OpenAI) is added to a row's logits after the penalties, before the grammar mask,
 greedy and sampling; rows without one are untouched, so they sample as in a batch without it.
 
-`verify` checks speculative drafts (spec/rejection.py) with the same per-row processing and the
+`verify` checks speculative drafts (speculative/rejection.py) with the same per-row processing and the
 same seeded draws, so speculation changes no output distribution, and no seeded output.
 
 A sequence with a grammar (structured.py) has its row masked after the penalties: the tokens its
@@ -155,7 +155,7 @@ class Sampler:
         drafts: list[list[int]],
         draft_probs: list[torch.Tensor | None] | None = None,
     ) -> list[SampleResult]:
-        """Speculative verification (spec/rejection.py). `logits` has len(drafts[i]) + 1 rows
+        """Speculative verification (speculative/rejection.py). `logits` has len(drafts[i]) + 1 rows
         per sequence, in order: row j is the target's prediction after the sequence's tokens
         and drafts[i][:j]. Each row is processed exactly as `__call__` would process the
         sequence at that point (its penalties count the drafts before it; a seed draws for

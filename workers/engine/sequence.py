@@ -49,7 +49,7 @@ class Sequence:
         self.session_turn = False  # a turn of a session: its context starts the next turn's prompt
         # Structured output (structured.GrammarState): the grammar state after the output so far.
         self.grammar = None
-        # Speculation's backoff (spec/backoff.py): draft runs in a row that accepted nothing, and
+        # Speculation's backoff (speculative/backoff.py): draft runs in a row that accepted nothing, and
         # steps left before this sequence drafts again.
         self.draft_misses = 0
         self.draft_pause = 0

@@ -228,7 +228,7 @@ class Dispatched:
     async def pick(
         self, request_id: str, plan: Plan, affinity_key: str | None = None, ttl: int = 0, own_key: str | None = None
     ) -> Pick:
-        """Choose by `plan` (routing.py's rule, in one atomic step) and count the request against
+        """Choose by `plan` (policies.py's rule, in one atomic step) and count the request against
         the replica chosen; with `affinity_key`, honour and (re)bind the plan's session. `own_key`:
         the recent set of the request's keyless conversation (`router.conversation_recent_key`);
         a session's is its affinity key's."""

@@ -1,4 +1,4 @@
-"""The target's hidden states an EAGLE-3 head reads (spec/eagle3.py): the residual stream after
+"""The target's hidden states an EAGLE-3 head reads (speculative/eagle3.py): the residual stream after
 chosen decoder layers, kept for every token a forward computes, side by side.
 
 Both model families run their decoder layers through `run_layers` and mix in `AuxStates`."""

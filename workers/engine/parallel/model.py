@@ -139,7 +139,7 @@ class ShardedStage(nn.Module):
         x, self.aux_hidden_states = run_layers(self.layers, x, rope, meta, self.aux_layer_ids if keep_aux else ())
         return x
 
-    # -- what an EAGLE-3 drafter on rank 0 needs (spec/__init__.py) ------------------------------
+    # -- what an EAGLE-3 drafter on rank 0 needs (speculative/__init__.py) ------------------------------
     def capture_aux_hidden_states(self, layer_ids: tuple[int, ...]) -> None:
         """As models/aux_states.py, on every rank: a stage's first rank keeps the outputs of
         those of the layers its stage holds (`aux_hidden_states`, in the order named); the

@@ -5,17 +5,18 @@ tuned on: on the 2-core CPU a 4-token verify costs 1.7x a decode step, on a GPU 
 `choose_k: "measured"` the speculator asks this module instead, every step:
 
 - **Step costs** (`StepCosts`): an EWMA of the seconds a decode or verify step takes, per batch
-  bucket (1, 2, 4, 8, ...) and by query tokens per sequence q (1 = a plain decode step, 1 + k =
-  verifying k drafts); between measured q the cost is interpolated, beyond them extrapolated from
-  the last two; a q never measured is assumed to cost what q = 1 costs (a GPU's verify), so it is
-  tried and then known. And an EWMA of the draft seconds per drafted position (EAGLE-3 runs one
+  bucket (1, 2, 4, 8, ...) and by the guesses the step verifies (0 = a plain decode step);
+  between measured counts the cost is interpolated, beyond them extrapolated from the last two;
+  a verify never measured is assumed to cost a decode step (a GPU's), so it is tried and then
+  known. The head's feeding (EAGLE-3 reads every step's states) is part of each step's time. And
+  an EWMA of the draft seconds per drafted position (EAGLE-3 runs one
   batched pass per position; prompt lookup costs next to nothing).
 - **Acceptance** (`Acceptance`): per draft position j, the chance that guess j is accepted once
   the guesses before it were: the engine's history since it started is the prior, each sequence's
   own runs move it (`PRIOR_WEIGHT` pseudo-runs against its real ones).
 - **The choice** (`choose`): expected tokens of sequence i drafting k_i is
   E_i(k_i) = 1 + sum over m <= k_i of prod over j < m of a_ij; the step yields sum E_i in
-  T(B, 1 + sum k_i / B) + D * max k_i seconds. Starting from k = 0 for everyone (always a
+  T(B, sum k_i) + D * max k_i seconds. Starting from k = 0 for everyone (always a
   candidate), one more guess goes to the sequence whose next guess is likeliest accepted, until
   every sequence is at its limit; the best tokens-per-second seen on that path is the choice.
   For a fixed total of guesses the likeliest ones yield the most tokens, so the path visits the
@@ -30,9 +31,9 @@ Drafts change only how fast tokens come, never which ones, so no choice here can
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 # EWMA weight of a new measurement: recent steps count, one slow step does not decide.
 ALPHA = 0.2
@@ -62,44 +63,53 @@ class Ewma:
 
 
 class StepCosts:
-    """Measured seconds per step, per batch bucket and query tokens per sequence."""
+    """Measured seconds per step, per batch bucket and extra query tokens (the guesses verified:
+    0 = a plain decode step), and draft seconds per drafted position."""
 
     def __init__(self) -> None:
-        self.step: dict[int, dict[int, Ewma]] = {}  # bucket -> q -> seconds
+        self.step: dict[int, dict[int, Ewma]] = {}  # bucket -> guesses in the step -> seconds
         self.draft: dict[int, Ewma] = {}  # bucket -> seconds per drafted position
 
     def record_step(self, batch_size: int, query_tokens: int, seconds: float) -> None:
-        q = max(1, round(query_tokens / batch_size))
-        self.step.setdefault(bucket(batch_size), {}).setdefault(q, Ewma()).add(seconds)
+        extra = max(0, query_tokens - batch_size)
+        self.step.setdefault(bucket(batch_size), {}).setdefault(extra, Ewma()).add(seconds)
 
     def record_draft(self, batch_size: int, positions: int, seconds: float) -> None:
         if positions > 0:
             self.draft.setdefault(bucket(batch_size), Ewma()).add(seconds / positions)
 
-    def step_seconds(self, batch_size: int, q: float) -> float | None:
-        """T(B, q), or None while no step of this bucket was measured at all."""
-        table = {k: e.value for k, e in self.step.get(bucket(batch_size), {}).items()}
+    def curve(self, batch_size: int):
+        """T(guesses) for this bucket, or None while no step of it was measured at all: linear
+        between measured points, the last slope beyond them; with only plain steps measured, a
+        verify is assumed to cost a decode step (a GPU's), so it is tried and then known."""
+        table = {x: e.value for x, e in self.step.get(bucket(batch_size), {}).items()}
         if not table:
             return None
-        if 1 not in table:  # only verifies measured: a decode costs no more than the cheapest
-            table[1] = min(table.values())
-        qs = sorted(table)
-        if q <= qs[0]:
-            return table[qs[0]]
-        for lo, hi in pairwise(qs):
-            if q <= hi:
-                return table[lo] + (table[hi] - table[lo]) * (q - lo) / (hi - lo)
-        if len(qs) == 1:  # never verified here: assume a verify costs a decode, and find out
-            return table[qs[0]]
-        lo, hi = qs[-2], qs[-1]
-        return table[hi] + max(0.0, table[hi] - table[lo]) * (q - hi) / (hi - lo)
+        if 0 not in table:  # only verifies measured: a decode costs no more than the cheapest
+            table[0] = min(table.values())
+        xs = sorted(table)
+        ts = [table[x] for x in xs]
+        slope = max(0.0, (ts[-1] - ts[-2]) / (xs[-1] - xs[-2])) if len(xs) > 1 else 0.0
+
+        def seconds(extra: float) -> float:
+            if extra >= xs[-1]:
+                return ts[-1] + slope * (extra - xs[-1])
+            hi = bisect.bisect_right(xs, extra)
+            if hi == 0:
+                return ts[0]
+            lo = hi - 1
+            return ts[lo] + (ts[hi] - ts[lo]) * (extra - xs[lo]) / (xs[hi] - xs[lo])
+
+        return seconds
+
+    def step_seconds(self, batch_size: int, extra: float) -> float | None:
+        """T(B, guesses), or None while no step of this bucket was measured."""
+        curve = self.curve(batch_size)
+        return None if curve is None else curve(extra)
 
     def draft_seconds(self, batch_size: int) -> float:
         e = self.draft.get(bucket(batch_size))
         return e.value if e is not None and e.value is not None else 0.0
-
-    def knows_decode(self, batch_size: int) -> bool:
-        return 1 in self.step.get(bucket(batch_size), {})
 
 
 @dataclass
@@ -171,16 +181,18 @@ class Choice:
 def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_size: int) -> Choice:
     """`rates[i]`: sequence i's acceptance by position (at least `limits[i]` long); `batch_size`:
     every sequence the step runs (those not drafting count one query token each)."""
-    if costs.step_seconds(batch_size, 1.0) is None:  # nothing measured in this bucket: measure it
+    curve = costs.curve(batch_size)
+    if curve is None:  # nothing measured in this bucket: a plain step measures it
         return Choice([0] * len(limits), 0.0, [min(1, n) for n in limits])
     draft_each = costs.draft_seconds(batch_size)
     best = drafting = None
     # A draft pass per position: the longest draft costs too. Walking the path once per cap on
-    # the longest finds, for every total and longest, the likeliest guesses, so the best of all.
-    for cap in range(1, max(limits) + 1) if draft_each > 0 else [max(limits)]:
+    # the longest finds, for every total and longest, the likeliest guesses, so the best of all;
+    # a draft pass too cheap to matter (prompt lookup's) needs one walk.
+    caps = range(1, max(limits) + 1) if draft_each > 0.01 * curve(0) else [max(limits)]
+    for cap in caps:
         for ks, extra, drafted, longest in _greedy_path(rates, [min(n, cap) for n in limits]):
-            seconds = costs.step_seconds(batch_size, 1 + drafted / batch_size) + draft_each * longest
-            rate = (batch_size + extra) / seconds
+            rate = (batch_size + extra) / (curve(drafted) + draft_each * longest)
             if best is None or rate > best[1]:
                 best = (list(ks), rate)
             if drafted and (drafting is None or rate > drafting[1]):

@@ -6,13 +6,13 @@ enough for speculation to pay), each with the most tokens it may guess (k, fewer
 forward pass (llm_engine.LLMEngine.step). A guess costs a query token whether or not it is
 accepted, so a drafter with nothing good to say proposes nothing.
 
-A drafter that reads the target's hidden states (EAGLE-3, spec/eagle3.py) names the target
+A drafter that reads the target's hidden states (EAGLE-3, speculative/eagle3.py) names the target
 layers in `aux_layer_ids`; the model runner then returns those layers' outputs for every token
 it computes, and after the step the engine hands each sequence the rows it kept (`observe`:
 prefill chunks, a decode's token, a verify's last token and accepted drafts), all of the
 batch's at once, so a drafter can run them as one batch. Deterministic
 guesses need no probabilities: a drafter that samples its guesses would return its q as well
-(spec/rejection.py takes it).
+(speculative/rejection.py takes it).
 """
 
 from __future__ import annotations

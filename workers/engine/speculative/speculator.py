@@ -61,6 +61,9 @@ class Speculator:
         self.history = cost_model.Acceptance()  # every sequence's runs: the prior
         self.acceptance: dict[Sequence, cost_model.Acceptance] = {}
         self.steps_in_bucket: dict[int, int] = {}
+        # bucket -> choices in a row that drafted nothing: past EXPLORE_EVERY of them the head is
+        # no longer fed at that batch size (nothing pays there), until a choice drafts again.
+        self.idle_choices: dict[int, int] = {}
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -68,8 +71,12 @@ class Speculator:
 
     def keeps_states(self, num_running: int) -> bool:
         """Whether the step must keep the states a hidden-state drafter reads (a parallel group
-        brings them to rank 0 only then)."""
-        return self.feeds_states and self.active(num_running)
+        brings them to rank 0 only then). Measured: not at a batch size where EXPLORE_EVERY
+        choices in a row drafted nothing, so a batch where nothing pays does not feed the head
+        either. (A sequence the head missed steps of drafts nothing with it: eagle3.py.)"""
+        if not self.feeds_states or not self.active(num_running):
+            return False
+        return not self.measured or self.idle_choices.get(cost_model.bucket(num_running), 0) < cost_model.EXPLORE_EVERY
 
     def propose(self, running: list[Sequence], max_model_len: int, fail: Callable) -> dict[Sequence, list[int]]:
         """Drafts for this step's decoding sequences, or none when the batch is too large to pay.
@@ -92,9 +99,13 @@ class Speculator:
             if room > 0:
                 seqs.append(seq)
                 limits.append(room)
+        num_decoding, exploring = len(seqs), False
         if self.measured and seqs:
-            limits = self._choose_k(seqs, limits, len(running))
+            limits, exploring = self._choose_k(seqs, limits, len(running))
             seqs, limits = [s for s, k in zip(seqs, limits, strict=True) if k], [k for k in limits if k]
+            if not seqs:
+                self.stats.record_choice([0] * num_decoding)
+                self._count_idle(len(running), drafted=False)
         drafting = time.perf_counter()
         drafts = {}
         for seq, draft, n in zip(seqs, self.drafter.propose(seqs, limits) if seqs else [], limits, strict=True):
@@ -107,25 +118,32 @@ class Speculator:
                 drafts[seq] = draft
         now = time.perf_counter()
         self.stats.draft_seconds += now - started
-        if self.measured and limits:
-            self.costs.record_draft(len(running), max(limits), now - drafting)
+        if self.measured and seqs:
+            # What was drafted, not what was allowed: a drafter may have nothing to say.
+            drafted = [len(drafts.get(seq, ())) for seq in seqs]
+            self.stats.record_choice(drafted + [0] * (num_decoding - len(seqs)))
+            self.costs.record_draft(len(running), max(drafted), now - drafting)
+            # A choice to draft that found nothing to say (the head not fed yet) is not idle.
+            self._count_idle(len(running), drafted=any(drafted) or not exploring)
         return drafts
 
-    def _choose_k(self, seqs: list[Sequence], limits: list[int], batch_size: int) -> list[int]:
-        """Guesses per sequence for this step (0 included), from the measured costs; every
-        EXPLORE_EVERY-th step of a batch bucket takes the other side (drafting or not) so both
-        stay measured."""
+    def _count_idle(self, batch_size: int, drafted: bool) -> None:
+        b = cost_model.bucket(batch_size)
+        self.idle_choices[b] = 0 if drafted else self.idle_choices.get(b, 0) + 1
+
+    def _choose_k(self, seqs: list[Sequence], limits: list[int], batch_size: int) -> tuple[list[int], bool]:
+        """Guesses per sequence for this step (0 included), from the measured costs, and whether
+        this is an exploring step: every EXPLORE_EVERY-th step of a batch bucket takes the other
+        side (drafting or not) so both stay measured."""
         prior = self.history.rates(max(limits), weight=1.0)
         none = cost_model.Acceptance()
         rates = [self.acceptance.get(seq, none).rates(n, prior) for seq, n in zip(seqs, limits, strict=True)]
         choice = cost_model.choose(rates, limits, self.costs, batch_size)
         b = cost_model.bucket(batch_size)
         self.steps_in_bucket[b] = self.steps_in_bucket.get(b, 0) + 1
-        ks = choice.ks
         if self.steps_in_bucket[b] % cost_model.EXPLORE_EVERY == 0:
-            ks = [0] * len(ks) if any(ks) else choice.drafting
-        self.stats.record_choice(ks)
-        return ks
+            return ([0] * len(choice.ks) if any(choice.ks) else choice.drafting), True
+        return choice.ks, False
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verified draft run: `num_accepted` of its `num_drafted` guesses were taken."""
@@ -142,13 +160,17 @@ class Speculator:
         K/V the step kept (all of a prefill chunk or decode; a verify's last token and accepted
         drafts), when the next step will draft (`num_running` now). A large batch's prefill is
         not fed: it would not draft."""
-        seconds = time.perf_counter() - started
         if any(item.draft_token_ids for item in batch.all):
             self.stats.num_verify_steps += 1
-            self.stats.verify_seconds += seconds
+            self.stats.verify_seconds += time.perf_counter() - started
+        self._feed(batch, starts, aux, num_running)
         if self.measured and all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all):
-            # A decode or verify step (no prompt chunk in it): what it cost for its query tokens.
+            # A decode or verify step (no prompt chunk in it): what it cost for its query tokens,
+            # the head's feeding included (it is paid for drafting).
+            seconds = time.perf_counter() - started
             self.costs.record_step(len(batch.all), sum(item.num_tokens for item in batch.all), seconds)
+
+    def _feed(self, batch, starts: list[int], aux, num_running: int) -> None:
         if aux is None or not self.keeps_states(num_running):
             return
         started = time.perf_counter()
