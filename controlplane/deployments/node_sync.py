@@ -26,7 +26,7 @@ from controlplane.common import redis as redis_client
 from controlplane.deployments import crashes
 from controlplane.deployments.messaging import send_after_commit, send_start
 from controlplane.deployments.models import Replica
-from controlplane.deployments.replica_states import transition_replica
+from controlplane.deployments.replica_states import lock_replica, transition_replica
 from controlplane.inventory import services as inventory
 from workers.protocol.control import STOP_REPLICA, NodeReport, ReplicaEvent, node_queue
 
@@ -48,12 +48,7 @@ def apply_replica_event(event: ReplicaEvent) -> Replica | None:
     """Apply one agent message; returns the replica if its state moved."""
     label = f"agent:{event.node}"
     with transaction.atomic():
-        r = (
-            Replica.objects.select_for_update(of=("self",))
-            .select_related("node", "deployment")
-            .filter(pk=event.replica_id)
-            .first()
-        )
+        r = lock_replica(event.replica_id)  # its deployment first: the reconciler's order
         running = event.kind in ("started", "ready")
         if r is None or r.node is None or r.node.name != event.node:
             if running:

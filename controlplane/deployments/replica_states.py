@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.deployments.messaging import publish_replica, schedule_reconcile, send_stop
-from controlplane.deployments.models import Replica
+from controlplane.deployments.models import Deployment, Replica
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Node
 
@@ -33,6 +33,20 @@ TRANSITIONS: dict[str, set[str]] = {
 RECONCILE_ON = (State.READY, State.STOPPED, State.FAILED)
 
 
+def lock_replica(replica_id: int) -> Replica | None:
+    """The replica, locked for update inside the caller's transaction, its deployment locked
+    first. The reconciler locks a deployment and then its replicas; a replica event that locked
+    the replica first and then touched its deployment (an event row, the failure budget) could
+    wait on the reconciler while it waited on the event: Postgres then aborts one of them (a
+    stop was lost so). One order everywhere, deployment then replica, never deadlocks."""
+    deployment_id = Replica.objects.filter(pk=replica_id).values_list("deployment_id", flat=True).first()
+    if deployment_id is None:
+        return None
+    Deployment.objects.select_for_update().filter(pk=deployment_id).first()
+    locked = Replica.objects.select_for_update(of=("self",)).select_related("deployment", "node")
+    return locked.filter(pk=replica_id).first()
+
+
 def transition_replica(
     replica_id: int, state: str, *, actor_label: str = "agent", reason: str = "", **fields
 ) -> Replica | None:
@@ -40,12 +54,7 @@ def transition_replica(
     Every replica state change goes through here (audit event, live update, timestamps, and a
     reconcile after commit when the move gives the reconciler work: RECONCILE_ON)."""
     with transaction.atomic():
-        r = (
-            Replica.objects.select_for_update(of=("self",))
-            .select_related("deployment", "node")
-            .filter(pk=replica_id)
-            .first()
-        )
+        r = lock_replica(replica_id)
         if r is None:
             return None
         if state != r.state and state not in TRANSITIONS[r.state]:
