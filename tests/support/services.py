@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.bench.processes import environ
 from workers.kvtiers.master import free_port
 
 _PR_SET_PDEATHSIG = 1
@@ -178,16 +179,8 @@ def run_services():
         stack.callback(shutil.rmtree, root, ignore_errors=True)
         database = os.environ.get("TEST_DATABASE_URL") or stack.enter_context(postgres(root))
         broker = os.environ.get("TEST_REDIS_URL") or stack.enter_context(redis_server(root))
-        before = {name: os.environ.get(name) for name in ("DATABASE_URL", "REDIS_URL")}
-        os.environ.update(DATABASE_URL=database, REDIS_URL=broker)
-        try:
+        with environ(DATABASE_URL=database, REDIS_URL=broker):
             yield {"DATABASE_URL": database, "REDIS_URL": broker}
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
 
 # -- as a pytest plugin (`-p tests.support.services` in pyproject.toml's addopts) ---------------
