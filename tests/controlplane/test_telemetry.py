@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.catalog.models import Model
 from controlplane.common import redis as redis_client
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.telemetry.history import PREVIOUS_KEY, history, quantile, sample
+from controlplane.telemetry.history import PREVIOUS_KEY, history, history_key, quantile, sample
 from controlplane.telemetry.prometheus import render
 from workers.protocol import replica as protocol
 from workers.replica.metrics import tier_metrics
@@ -28,8 +28,10 @@ def test_quantile_interpolates_within_buckets_and_clamps_the_overflow():
 
 @pytest.fixture
 def redis():
+    """This run's Redis, without the points an earlier test's stack left (its `demo` sampled by
+    the beat: the run shares one Redis)."""
     client = redis_client.client()
-    client.delete(PREVIOUS_KEY)
+    client.delete(PREVIOUS_KEY, history_key("demo"))
     return client
 
 

@@ -17,7 +17,7 @@ import redis
 from django.conf import settings
 
 from tests.support.platform import platform
-from tests.support.stack import replica_status, wait_for, wait_ready
+from tests.support.stack import replica_load, replica_status, wait_for, wait_ready
 from workers.protocol import kv_blocks
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
@@ -79,13 +79,18 @@ def test_without_a_header_the_kv_aware_router_follows_each_prefix(stack):
     # Two conversations with different prefixes, interleaved: each one's turns go to the replica
     # holding its prefix. 400 tokens (25 blocks) outweigh a request the previous turn's replica may
     # still report in flight (a heartbeat lags up to 0.5 s; one request weighs LOAD_BLOCKS = 16):
-    # with 64 tokens a late heartbeat could send a turn to the other replica.
+    # with 64 tokens a late heartbeat could send a turn to the other replica. On a loaded machine
+    # heartbeats lag longer (a run with three test processes sent a fourth turn away), so each
+    # turn waits until its replica reports nothing in flight: the test is of prefixes, not load.
     contexts = {"a": prompt(3, 400), "b": prompt(4, 400)}
     homes: dict[str, set] = {"a": set(), "b": set()}
     for turn in range(4):
         for name in contexts:
             usage, headers = complete(stack, contexts[name])
-            homes[name].add(headers["x-switchyard-replica"])
+            home = int(headers["x-switchyard-replica"])
+            homes[name].add(home)
+            idle = lambda home=home: replica_load(home).get("running") == 0 == replica_load(home).get("waiting")  # noqa: E731
+            wait_for(idle, 10, f"replica {home} to report no request in flight")
             if turn:
                 assert cached(usage) >= 400 // B * B and headers["x-switchyard-route-reason"] == "kv_aware"
             contexts[name] = contexts[name] + prompt(200 + turn, 20)

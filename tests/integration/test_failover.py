@@ -282,9 +282,11 @@ def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undistur
             assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(survivor)
     finally:
         os.kill(pid, signal.SIGCONT)
-    # Woken up, it drops the requests that moved (the gateway told it to) and serves again.
+    # Woken up, it drops the requests that moved (the gateway told it to) and serves again. The
+    # step it was frozen in ends first: a moved request one token from its end may finish there
+    # (seen in a full run), so those that had half their tokens left are the ones checked.
     log = (stack.state / "logs" / f"replica-{victim}.log").read_text
-    moved_ids = [r["id"] for r in results if r["note"]]
+    moved_ids = [r["id"] for r in results if r["note"] and r["note"][0]["after_tokens"] <= MAX_TOKENS // 2]
     wait_for(lambda: all(f"aborted {rid}" in log() for rid in moved_ids), 10, "the stale requests to be aborted")
     assert serving(stack.deployments["pair"].pk, 2) == [victim, survivor] and pid_alive(pid)
 
