@@ -4,6 +4,8 @@ disaggregated decode and resume; the compile cache; the errors."""
 
 import json
 import re
+import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -264,3 +266,23 @@ def test_a_grammar_that_cannot_be_compiled_is_a_request_error_naming_the_paramet
         llm.engine.add_request("x", [5, 6], SamplingParams(grammar=spec))
     assert caught.value.param == param
     assert "x" not in llm.engine.requests
+
+
+def test_an_engine_loads_xgrammar_only_for_its_first_grammar():
+    """xgrammar loads transformers (0.8 s of CPU): a replica whose requests ask for no grammar,
+    most of them, starts without it; the first grammar loads it and is followed."""
+    script = f"""
+import sys
+from workers.engine import LLM, SamplingParams
+llm = LLM({DEMO!r}, max_model_len=256)
+llm.generate(["hi"], SamplingParams(max_tokens=4, temperature=0))
+print("free", "xgrammar" in sys.modules)
+choice = {{"type": "choice", "choice": ["yes", "no"]}}
+[out] = llm.generate(["hi"], SamplingParams(max_tokens=8, temperature=0, grammar=choice))
+print("grammar", "xgrammar" in sys.modules, out.outputs[0].text)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "free False" in lines
+    assert any(line in ("grammar True yes", "grammar True no") for line in lines), lines

@@ -51,6 +51,7 @@ STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
     "engine/test_parallel_speculative.py": ("*",),
     "engine/test_parallel_startup.py": ("*",),
     "engine/test_quantized.py": ("test_int4_experts_at_tensor_parallel_generate_what_one_device_does",),
+    "engine/test_structured.py": ("test_an_engine_loads_xgrammar_only_for_its_first_grammar",),
     "engine/test_tiered_cache.py": ("master", "test_a_put_the_store_refused_is_tried_again"),  # mooncake_master
     "kvtiers/test_disk_tier.py": ("test_two_processes_share_one_budget",),
     "kvtiers/test_master.py": ("*",),

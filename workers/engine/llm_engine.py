@@ -27,7 +27,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.engine.speculative import SpeculativeConfig, make_speculator
-from workers.engine.structured import Grammars, grammar_state, tokenizer_info
+from workers.engine.structured import Grammars, grammar_state
 from workers.engine.tiered_cache import KVTierConfig, NoTiers, TieredCache
 from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
@@ -108,7 +108,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         # Structured output: grammars compiled for this vocabulary (needs the tokenizer).
         self.grammars = (
-            Grammars(tokenizer_info(config.model, self.model_config.vocab_size, self.eos_token_ids))
+            Grammars(config.model, self.model_config.vocab_size, self.eos_token_ids)
             if self.tokenizer is not None
             else None
         )

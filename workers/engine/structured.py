@@ -27,16 +27,27 @@ import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from workers.engine.errors import RequestError, first_line
 from workers.engine.faults import injected_fault
 from workers.engine.sampling_params import GRAMMAR_PARAMS as PARAMS
 from workers.engine.sampling_params import check_grammar as check_spec
 
+if TYPE_CHECKING:
+    import xgrammar
+
 CACHE_SIZE = 128  # compiled grammars kept (each is a few KB to a few MB with a large vocabulary)
+
+
+def _xgr():
+    """xgrammar, imported when the first grammar is compiled: it loads transformers, 0.8 s of CPU
+    that an engine whose requests ask for no grammar would pay at every start."""
+    import xgrammar
+
+    return xgrammar
 
 
 def _literal(text: str) -> str:
@@ -44,27 +55,27 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _json_schema(schema) -> xgr.Grammar:
-    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+def _json_schema(schema) -> xgrammar.Grammar:
+    return _xgr().Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
 
 
-def _tool_call(tools: list[dict]) -> xgr.Grammar:
+def _tool_call(tools: list[dict]) -> xgrammar.Grammar:
     calls = []
     for tool in tools:
         head = '<tool_call>{"name": ' + json.dumps(tool["name"]) + ', "arguments": '
         # No parameters: the call takes none (`{}`), as OpenAI reads a tool without a schema.
         params = tool.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
         calls.append(
-            xgr.Grammar.concat(
-                xgr.Grammar.from_ebnf(f"root ::= {_literal(head)}"),
+            _xgr().Grammar.concat(
+                _xgr().Grammar.from_ebnf(f"root ::= {_literal(head)}"),
                 _json_schema(params),
-                xgr.Grammar.from_ebnf('root ::= "}</tool_call>"'),
+                _xgr().Grammar.from_ebnf('root ::= "}</tool_call>"'),
             )
         )
-    return calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
+    return calls[0] if len(calls) == 1 else _xgr().Grammar.union(*calls)
 
 
-def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xgr.TokenizerInfo:
+def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xgrammar.TokenizerInfo:
     """xgrammar's view of the model's vocabulary, read from tokenizer.json with the `tokenizers`
     library (no transformers). Special tokens (`<|user|>`, ...) are left out of every grammar:
     their text is not what detokenisation shows. The stop tokens end a grammar's output."""
@@ -72,13 +83,13 @@ def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xg
 
     path = Path(model_dir) / "tokenizer.json"
     tok = Tokenizer.from_file(str(path))
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(path.read_text())
+    meta = _xgr().TokenizerInfo._detect_metadata_from_hf(path.read_text())
     special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     encoded = [""] * vocab_size
     for text, i in tok.get_vocab(with_added_tokens=True).items():
         if i < vocab_size and text not in special:
             encoded[i] = text
-    return xgr.TokenizerInfo(
+    return _xgr().TokenizerInfo(
         encoded,
         meta["vocab_type"],
         vocab_size=vocab_size,
@@ -88,18 +99,26 @@ def tokenizer_info(model_dir: str | Path, vocab_size: int, stop_token_ids) -> xg
 
 
 class Grammars:
-    """Compiles grammar specs for one vocabulary, each once: a bounded LRU by the spec's JSON."""
+    """Compiles grammar specs for one vocabulary, each once: a bounded LRU by the spec's JSON.
+    The vocabulary is read for xgrammar when the first grammar is compiled, not at start."""
 
-    def __init__(self, info: xgr.TokenizerInfo, cache_size: int = CACHE_SIZE):
-        self.info = info
-        self.vocab_size = info.vocab_size
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self.cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+    def __init__(self, model_dir: str | Path, vocab_size: int, stop_token_ids, cache_size: int = CACHE_SIZE):
+        self.model_dir, self.vocab_size, self.stop_token_ids = model_dir, vocab_size, list(stop_token_ids)
+        self._compiler: xgrammar.GrammarCompiler | None = None
+        self.cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
         self.cache_size = cache_size
         self.compiles = 0  # how many specs were compiled (the rest were cache hits)
         self._lock = threading.Lock()  # the replica compiles on its main loop; LLM users may not
 
-    def compile(self, spec: dict) -> xgr.CompiledGrammar:
+    @property
+    def compiler(self) -> xgrammar.GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                info = tokenizer_info(self.model_dir, self.vocab_size, self.stop_token_ids)
+                self._compiler = _xgr().GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def compile(self, spec: dict) -> xgrammar.CompiledGrammar:
         spec = check_spec(spec)
         key = json.dumps(spec, sort_keys=True)
         with self._lock:
@@ -115,7 +134,7 @@ class Grammars:
                 self.cache.popitem(last=False)
         return compiled
 
-    def _compile(self, spec: dict) -> xgr.CompiledGrammar:
+    def _compile(self, spec: dict) -> xgrammar.CompiledGrammar:
         kind = spec["type"]
         try:
             if kind == "json_object":
@@ -148,8 +167,8 @@ class GrammarState:
 
     __slots__ = ("matcher", "vocab_size")
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int):
-        self.matcher = xgr.GrammarMatcher(compiled)  # rolls back any number of tokens
+    def __init__(self, compiled: xgrammar.CompiledGrammar, vocab_size: int):
+        self.matcher = _xgr().GrammarMatcher(compiled)  # rolls back any number of tokens
         self.vocab_size = vocab_size
 
     def accept(self, token: int) -> bool:
@@ -212,10 +231,10 @@ def grammar_state(grammars: Grammars | None, spec: dict | None, output_token_ids
 
 
 def allocate_masks(rows: int, vocab_size: int) -> torch.Tensor:
-    return xgr.allocate_token_bitmask(rows, vocab_size)
+    return _xgr().allocate_token_bitmask(rows, vocab_size)
 
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """In place: -inf on the tokens each listed row's bitmask forbids (other rows untouched)."""
     bitmask = bitmask[: logits.shape[0]].to(logits.device, non_blocking=True)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+    _xgr().apply_token_bitmask_inplace(logits, bitmask, indices=rows)
