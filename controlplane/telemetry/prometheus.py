@@ -149,6 +149,18 @@ SPEC_CHOSEN_K = (
     "switchyard_spec_chosen_k_total",
     "Decoding sequences given k draft tokens by the measured choice (speculative method auto), by k (0: none).",
 )
+SPEC_GAIN = (
+    "switchyard_spec_gain_seconds_total",
+    "Over the steps the measured choice drafted in (speculative method auto): the seconds their tokens would have "
+    'taken in plain decode steps (side="plain") and the seconds they took (side="spent"), as the cost model '
+    'expected (basis="expected") and as measured (basis="measured"). plain / spent is the speed-up.',
+)
+SPEC_SPEEDUP = {
+    "expected": ("switchyard_spec_expected_speedup",
+                 "Speed-up the measured choice expected of the steps it drafted in, since the replica started."),
+    "measured": ("switchyard_spec_measured_speedup",
+                 "Speed-up measured over the steps the measured choice drafted in, since the replica started."),
+}  # fmt: skip
 SPEC_ACCEPTANCE_LENGTH = (
     "switchyard_spec_mean_acceptance_length",
     "Tokens a draft run yields on average (its accepted guesses plus the target's own token), since the replica "
@@ -169,6 +181,15 @@ def _speculation(exp: Exposition, labels: dict, spec: dict) -> None:
             exp.add(name, "counter", help_text, labels, count, extra={"position": position})
     for k, count in enumerate(spec.get("chosen_k") or []):
         exp.add(SPEC_CHOSEN_K[0], "counter", SPEC_CHOSEN_K[1], labels, count, extra={"k": k})
+    gain = spec.get("gain_seconds") or {}
+    for basis in ("expected", "measured"):
+        plain, spent = gain.get(f"{basis}_plain"), gain.get(basis)
+        if plain is None or spent is None:
+            continue
+        for side, value in (("plain", plain), ("spent", spent)):
+            exp.add(SPEC_GAIN[0], "counter", SPEC_GAIN[1], labels, value, extra={"basis": basis, "side": side})
+        if spent:
+            exp.add(SPEC_SPEEDUP[basis][0], "gauge", SPEC_SPEEDUP[basis][1], labels, round(plain / spent, 4))
     length = mean_acceptance_length(spec.get("num_drafts", 0), spec.get("accepted_per_position") or [])
     if length is not None:
         exp.add(SPEC_ACCEPTANCE_LENGTH[0], "gauge", SPEC_ACCEPTANCE_LENGTH[1], labels, length)

@@ -159,7 +159,9 @@ def test_an_auto_replica_reports_the_k_it_chose(redis, deployment):
     """Method auto (k chosen per step from measured costs): how many decoding sequences were given
     each k, 0 included, as switchyard_spec_chosen_k_total{k}; a fixed-k replica has no such series."""
     auto, fixed = replica(deployment), replica(deployment)
-    report(redis, auto, "a", spec={**speculative(4, [4, 3], [2, 1]), "method": "auto", "chosen_k": [9, 1, 3]})
+    gain = {"expected_plain": 3.0, "expected": 2.0, "measured_plain": 2.4, "measured": 2.0}
+    report(redis, auto, "a", spec={**speculative(4, [4, 3], [2, 1]), "method": "auto", "chosen_k": [9, 1, 3],
+                                   "gain_seconds": gain})  # fmt: skip
     report(redis, fixed, "b", spec=speculative(4, [4, 3], [2, 1]))
     samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
                if s.name == "switchyard_spec_chosen_k_total"]  # fmt: skip
@@ -168,6 +170,17 @@ def test_an_auto_replica_reports_the_k_it_chose(redis, deployment):
         (str(auto.pk), "1"): 1,
         (str(auto.pk), "2"): 3,
     }
+    # what the choice expected of the steps it drafted in, and what they gave
+    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples]
+    speedups = {s.name: (s.labels["replica"], s.value) for s in samples if s.name.endswith("_speedup")}
+    assert speedups == {
+        "switchyard_spec_expected_speedup": (str(auto.pk), 1.5),
+        "switchyard_spec_measured_speedup": (str(auto.pk), 1.2),
+    }
+    seconds = {(s.labels["basis"], s.labels["side"]): s.value for s in samples
+               if s.name == "switchyard_spec_gain_seconds_total"}  # fmt: skip
+    assert seconds == {("expected", "plain"): 3.0, ("expected", "spent"): 2.0,
+                       ("measured", "plain"): 2.4, ("measured", "spent"): 2.0}  # fmt: skip
 
 
 def test_a_replica_that_drafted_nothing_yet_has_no_acceptance_length(redis, deployment):

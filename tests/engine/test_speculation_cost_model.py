@@ -47,6 +47,35 @@ def test_no_drafts_when_a_verify_costs_more_than_the_accepted_guesses_save():
     assert choice.drafting != [0], "exploration still has a drafting choice to measure"
 
 
+def test_not_drafting_is_priced_as_a_step_that_feeds_no_head():
+    """The shape measured at batch 8 on the 2-core CPU with the demo head: a plain step that feeds
+    the head 15 ms (5 of them feeding), one that feeds nothing 10 ms, a verify of 24 guesses 26.6 ms,
+    2 ms a draft position, 60% of guesses accepted. Against the fed 15 ms, drafting looked worth it
+    (0.55 against 0.53 tokens a ms) and the bench ran at 0.79x; against 10 ms it is not."""
+    costs = StepCosts()
+    for _ in range(3):
+        costs.record_step(8, 8, 0.015, fed=True)
+        costs.record_feed(8, 0.005)
+        costs.record_step(8, 8 + 24, 0.0266, fed=True)
+        costs.record_draft(8, 1, 0.002)
+    rates, limits = [[0.6] * 3] * 8, [3] * 8
+    choice = choose(rates, limits, costs, 8)
+    assert choice.ks == [0] * 8 and choice.plain_seconds == pytest.approx(0.010)
+    assert choice.rate == pytest.approx(8 / 0.010)
+    # once a step that fed nothing was measured, that is the price of not drafting
+    costs.record_step(8, 8, 0.020, fed=False)
+    choice = choose(rates, limits, costs, 8)
+    assert choice.plain_seconds == pytest.approx(0.020) and all(k > 0 for k in choice.ks)
+
+
+def test_a_verify_measured_cheaper_than_a_smaller_one_counts_as_that_one():
+    # measured at batch 8: 26 ms for 8 guesses, 15 ms for 21 (one quiet sample): noise, not a curve
+    costs = costs_from({8: {1: 0.009, 2: 0.026}})  # 0 guesses (one query token each), 8 guesses
+    costs.record_step(8, 8 + 21, 0.015)
+    assert costs.step_seconds(8, 21) == pytest.approx(0.026)
+    assert costs.step_seconds(8, 4) == pytest.approx(0.0175)  # half way from 9 to 26 ms
+
+
 def test_all_guesses_when_a_verify_costs_about_a_decode_step():
     # A GPU's shape: a verify costs 1.1x a decode step.
     costs = costs_from({1: {1: 0.010, 4: 0.011}})
@@ -135,10 +164,13 @@ class FixedCosts(StepCosts):
     """Step costs that do not learn: the engine's own timings on a loaded 2-core machine cannot
     be made to say what a test needs, so the table is given and measurements are dropped."""
 
-    def record_step(self, *args) -> None:
+    def record_step(self, *args, **kwargs) -> None:
         pass
 
     def record_draft(self, *args) -> None:
+        pass
+
+    def record_feed(self, *args) -> None:
         pass
 
 
@@ -166,8 +198,17 @@ def test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks(checkpoint_fa
     alone = [step for step in log.steps if len(step) == 1]
     assert many and not any(d for step in many for _, d in step)
     assert any(d for step in alone for _, d in step), "alone, it drafts again"
-    chosen = engine.speculation_stats()["chosen_k"]
+    stats = engine.speculation_stats()
+    chosen = stats["chosen_k"]
     assert chosen[0] > 0 and sum(chosen[1:]) > 0
+    # Expected against measured gain, over the steps the choice drafted in (alone: a plain step
+    # costs 1.0 s in this table, so each token emitted there counts 1.0 plain second).
+    drafting_steps = sum(1 for step in alone if any(d for _, d in step))
+    gain = stats["gain_seconds"]
+    assert drafting_steps <= gain["measured_plain"] <= 4 * drafting_steps  # 1 to k + 1 tokens a step
+    assert gain["expected_plain"] > gain["expected"] > 0  # it drafts only where it expects a gain
+    assert stats["expected_speedup"] == pytest.approx(gain["expected_plain"] / gain["expected"])
+    assert stats["measured_speedup"] == pytest.approx(gain["measured_plain"] / gain["measured"])
 
 
 @pytest.mark.parametrize("head", ["without a head", "with the demo head"])

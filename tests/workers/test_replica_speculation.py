@@ -76,4 +76,5 @@ def test_an_auto_replica_reports_the_k_it_chose_and_answers_as_one_that_does_not
     spec = wait_for(chose, 5, "the replica to report the k it chose")
     assert spec["method"] == "auto" and len(spec["chosen_k"]) == 4  # k = 0..3
     assert sum(spec["chosen_k"][1:]) >= 1  # the first verify is always tried (its cost unknown till then)
+    assert set(spec["gain_seconds"]) == {"expected_plain", "expected", "measured_plain", "measured"}
     assert "chosen_k" not in metrics(replicas, NGRAM)["speculative"]  # a fixed k chooses nothing

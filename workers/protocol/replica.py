@@ -532,6 +532,10 @@ class SpeculativeMetrics(TypedDict, total=False):
     verify_seconds: float  # time in steps that verified drafts
     draft_seconds: float  # time proposing drafts
     chosen_k: list[int]  # method auto (k measured): sequences given k guesses by the choice, by k
+    # k measured, over the steps the choice drafted in: "expected_plain" / "expected" seconds is the
+    # speed-up the cost model expected, "measured_plain" / "measured" the one measured (plain:
+    # what those steps' tokens would have cost in plain decode steps).
+    gain_seconds: dict[str, float]
 
 
 class Endpoint(TypedDict, total=False):

@@ -90,6 +90,7 @@ def speculative_metrics(method: str, stats: dict | None) -> SpeculativeMetrics |
     }
     if "chosen_k" in stats:  # choose_k "measured" (auto)
         out["chosen_k"] = [int(n) for n in stats["chosen_k"]]
+        out["gain_seconds"] = {key: round(float(v), 6) for key, v in stats["gain_seconds"].items()}
     return out
 
 

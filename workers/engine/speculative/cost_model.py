@@ -69,10 +69,32 @@ class StepCosts:
     def __init__(self) -> None:
         self.step: dict[int, dict[int, Ewma]] = {}  # bucket -> guesses in the step -> seconds
         self.draft: dict[int, Ewma] = {}  # bucket -> seconds per drafted position
+        # A head that drafts from hidden states is fed every step while it may draft: a plain
+        # step then costs more than one of an engine that does not speculate (the states kept,
+        # the head's pass over them). Not drafting at a batch size means not feeding there
+        # either, so "no guesses" is priced as a step without feeding (`off_seconds`).
+        self.unfed: dict[int, Ewma] = {}  # bucket -> seconds of a plain step that fed nothing
+        self.feed: dict[int, Ewma] = {}  # bucket -> seconds of the feeding in a step
 
-    def record_step(self, batch_size: int, query_tokens: int, seconds: float) -> None:
+    def record_step(self, batch_size: int, query_tokens: int, seconds: float, fed: bool = False) -> None:
+        """A decode or verify step's seconds (its feeding included); `fed`: it fed the head."""
         extra = max(0, query_tokens - batch_size)
         self.step.setdefault(bucket(batch_size), {}).setdefault(extra, Ewma()).add(seconds)
+        if extra == 0 and not fed:
+            self.unfed.setdefault(bucket(batch_size), Ewma()).add(seconds)
+
+    def record_feed(self, batch_size: int, seconds: float) -> None:
+        self.feed.setdefault(bucket(batch_size), Ewma()).add(seconds)
+
+    def off_seconds(self, batch_size: int, curve) -> float:
+        """What a plain step costs when nothing is drafted or fed at this batch size: measured
+        once the head went unfed here, until then a fed plain step less its feeding."""
+        b = bucket(batch_size)
+        unfed = self.unfed.get(b)
+        if unfed is not None and unfed.value is not None:
+            return unfed.value
+        feed = self.feed.get(b)
+        return max(curve(0) - (feed.value if feed is not None and feed.value is not None else 0.0), 1e-9)
 
     def record_draft(self, batch_size: int, positions: int, seconds: float) -> None:
         if positions > 0:
@@ -80,7 +102,7 @@ class StepCosts:
 
     def curve(self, batch_size: int):
         """T(guesses) for this bucket, or None while no step of it was measured at all: linear
-        between measured points, the last slope beyond them; with only plain steps measured, a
+        between measured points (made non-decreasing), the last slope beyond them; with only plain steps measured, a
         verify is assumed to cost a decode step (a GPU's), so it is tried and then known."""
         table = {x: e.value for x, e in self.step.get(bucket(batch_size), {}).items()}
         if not table:
@@ -88,7 +110,11 @@ class StepCosts:
         if 0 not in table:  # only verifies measured: a decode costs no more than the cheapest
             table[0] = min(table.values())
         xs = sorted(table)
+        # A step of more query tokens never costs less: a verify measured below a smaller one is
+        # noise (few samples, a quiet moment), so each point is at least the one before it.
         ts = [table[x] for x in xs]
+        for i in range(1, len(ts)):
+            ts[i] = max(ts[i], ts[i - 1])
         slope = max(0.0, (ts[-1] - ts[-2]) / (xs[-1] - xs[-2])) if len(xs) > 1 else 0.0
 
         def seconds(extra: float) -> float:
@@ -176,6 +202,9 @@ class Choice:
     ks: list[int]  # guesses per sequence maximising the step's expected tokens per second
     rate: float  # ... that rate (0 when nothing was measured yet)
     drafting: list[int]  # the best choice that drafts at all (what exploration runs)
+    tokens: float = 0.0  # the expected tokens of `ks`' step, the draft pass's seconds included
+    seconds: float = 0.0  # ... and its expected seconds
+    plain_seconds: float = 0.0  # T(B, 0): what a step that drafts nothing costs here
 
 
 def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_size: int) -> Choice:
@@ -185,6 +214,7 @@ def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_
     if curve is None:  # nothing measured in this bucket: a plain step measures it
         return Choice([0] * len(limits), 0.0, [min(1, n) for n in limits])
     draft_each = costs.draft_seconds(batch_size)
+    off = costs.off_seconds(batch_size, curve)
     best = drafting = None
     # A draft pass per position: the longest draft costs too. Walking the path once per cap on
     # the longest finds, for every total and longest, the likeliest guesses, so the best of all;
@@ -192,9 +222,10 @@ def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_
     caps = range(1, max(limits) + 1) if draft_each > 0.01 * curve(0) else [max(limits)]
     for cap in caps:
         for ks, extra, drafted, longest in _greedy_path(rates, [min(n, cap) for n in limits]):
-            rate = (batch_size + extra) / (curve(drafted) + draft_each * longest)
+            seconds = curve(drafted) + draft_each * longest if drafted else off
+            rate = (batch_size + extra) / seconds
             if best is None or rate > best[1]:
-                best = (list(ks), rate)
+                best = (list(ks), rate, batch_size + extra, seconds)
             if drafted and (drafting is None or rate > drafting[1]):
                 drafting = (list(ks), rate)
-    return Choice(best[0], best[1], drafting[0] if drafting is not None else best[0])
+    return Choice(best[0], best[1], drafting[0] if drafting is not None else best[0], best[2], best[3], off)

@@ -64,6 +64,9 @@ class Speculator:
         # bucket -> choices in a row that drafted nothing: past EXPLORE_EVERY of them the head is
         # no longer fed at that batch size (nothing pays there), until a choice drafts again.
         self.idle_choices: dict[int, int] = {}
+        # The measured choice of this step, while it drafts: (choice, batch size, started, tokens
+        # the step emitted so far), for the expected-against-measured gain (stats.record_gain).
+        self._gain: tuple[cost_model.Choice, int, float, list[int]] | None = None
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -84,6 +87,7 @@ class Speculator:
         token than it accepts, within max_tokens and the context. A constrained sequence's draft
         is cut where its grammar refuses a token or ends, so verification only meets states the
         grammar can reach; a grammar that raises here fails its request (`fail(seq, exc)`)."""
+        self._gain = None
         if not self.active(len(running)):
             return {}
         started = time.perf_counter()
@@ -101,7 +105,9 @@ class Speculator:
                 limits.append(room)
         num_decoding, exploring = len(seqs), False
         if self.measured and seqs:
-            limits, exploring = self._choose_k(seqs, limits, len(running))
+            limits, exploring, choice = self._choose_k(seqs, limits, len(running))
+            if any(limits) and not exploring:
+                self._gain = (choice, len(running), started, [0])
             seqs, limits = [s for s, k in zip(seqs, limits, strict=True) if k], [k for k in limits if k]
             if not seqs:
                 self.stats.record_choice([0] * num_decoding)
@@ -131,10 +137,12 @@ class Speculator:
         b = cost_model.bucket(batch_size)
         self.idle_choices[b] = 0 if drafted else self.idle_choices.get(b, 0) + 1
 
-    def _choose_k(self, seqs: list[Sequence], limits: list[int], batch_size: int) -> tuple[list[int], bool]:
-        """Guesses per sequence for this step (0 included), from the measured costs, and whether
-        this is an exploring step: every EXPLORE_EVERY-th step of a batch bucket takes the other
-        side (drafting or not) so both stay measured."""
+    def _choose_k(
+        self, seqs: list[Sequence], limits: list[int], batch_size: int
+    ) -> tuple[list[int], bool, cost_model.Choice]:
+        """Guesses per sequence for this step (0 included), from the measured costs, whether
+        this is an exploring step (every EXPLORE_EVERY-th step of a batch bucket takes the other
+        side, drafting or not, so both stay measured), and the choice."""
         prior = self.history.rates(max(limits), weight=1.0)
         none = cost_model.Acceptance()
         rates = [self.acceptance.get(seq, none).rates(n, prior) for seq, n in zip(seqs, limits, strict=True)]
@@ -142,11 +150,13 @@ class Speculator:
         b = cost_model.bucket(batch_size)
         self.steps_in_bucket[b] = self.steps_in_bucket.get(b, 0) + 1
         if self.steps_in_bucket[b] % cost_model.EXPLORE_EVERY == 0:
-            return ([0] * len(choice.ks) if any(choice.ks) else choice.drafting), True
-        return choice.ks, False
+            return ([0] * len(choice.ks) if any(choice.ks) else choice.drafting), True, choice
+        return choice.ks, False, choice
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """A verified draft run: `num_accepted` of its `num_drafted` guesses were taken."""
+        """A sampled sequence's step: `num_accepted` of its `num_drafted` guesses were taken."""
+        if self._gain is not None:
+            self._gain[3][0] += 1 + num_accepted
         if num_drafted:
             self.stats.record(num_drafted, num_accepted)
             self.backoff.record(seq, num_accepted)
@@ -163,16 +173,25 @@ class Speculator:
         if any(item.draft_token_ids for item in batch.all):
             self.stats.num_verify_steps += 1
             self.stats.verify_seconds += time.perf_counter() - started
-        self._feed(batch, starts, aux, num_running)
+        fed = self._feed(batch, starts, aux, num_running)
+        if self._gain is not None:
+            choice, batch_size, drafting, [tokens] = self._gain
+            seconds = time.perf_counter() - drafting  # the draft pass, the step and the feeding
+            self.stats.record_gain(choice.tokens, choice.seconds, tokens, seconds, choice.plain_seconds, batch_size)
+            self._gain = None
         if self.measured and all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all):
             # A decode or verify step (no prompt chunk in it): what it cost for its query tokens,
             # the head's feeding included (it is paid for drafting).
             seconds = time.perf_counter() - started
-            self.costs.record_step(len(batch.all), sum(item.num_tokens for item in batch.all), seconds)
+            tokens = sum(item.num_tokens for item in batch.all)
+            self.costs.record_step(len(batch.all), tokens, seconds, fed=fed is not None)
+            if fed is not None:
+                self.costs.record_feed(len(batch.all), fed)
 
-    def _feed(self, batch, starts: list[int], aux, num_running: int) -> None:
+    def _feed(self, batch, starts: list[int], aux, num_running: int) -> float | None:
+        """Hand the head this step's states; the seconds that took, None when it was not fed."""
         if aux is None or not self.keeps_states(num_running):
-            return
+            return None
         started = time.perf_counter()
         entries, row = [], 0
         for item, start in zip(batch.all, starts, strict=True):
@@ -183,7 +202,9 @@ class Speculator:
                 entries.append((seq, start, aux[row : row + seq.num_computed_tokens - start]))
             row += item.num_tokens
         self.drafter.observe(entries)
-        self.stats.draft_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.stats.draft_seconds += seconds
+        return seconds
 
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq)
@@ -193,4 +214,6 @@ class Speculator:
         out = self.stats.as_dict()
         if self.measured:  # sequences given k guesses by the measured choice, by k
             out["chosen_k"] = list(self.stats.chosen_k)
+            out["gain_seconds"] = dict(self.stats.gain)
+            out["expected_speedup"], out["measured_speedup"] = self.stats.speedups()
         return out

@@ -12,10 +12,33 @@ class SpeculationStats:
         self.draft_seconds = 0.0  # proposing drafts (and, for EAGLE-3, feeding the head)
         self.verify_seconds = 0.0  # target steps that verified drafts, sampling included
         self.chosen_k = [0] * (k + 1)  # choose_k "measured": sequences given k guesses, by k
+        # choose_k "measured", over the steps it chose to draft in: the seconds their tokens would
+        # have taken in plain decode steps (tokens / B x T(B, 0)) and the seconds they took,
+        # as the cost model expected and as measured. Each ratio is a speed-up.
+        self.gain = {"expected_plain": 0.0, "expected": 0.0, "measured_plain": 0.0, "measured": 0.0}
 
     def record_choice(self, ks: list[int]) -> None:
         for k in ks:
             self.chosen_k[k] += 1
+
+    def record_gain(self, expected_tokens: float, expected_seconds: float, tokens: int, seconds: float,
+                    plain_seconds: float, batch_size: int) -> None:  # fmt: skip
+        """One step the measured choice drafted in: `expected_tokens` in `expected_seconds` was its
+        expectation, `tokens` in `seconds` what happened; a plain step of `batch_size` sequences
+        costs `plain_seconds` and yields `batch_size` tokens."""
+        per_token = plain_seconds / batch_size
+        self.gain["expected_plain"] += expected_tokens * per_token
+        self.gain["expected"] += expected_seconds
+        self.gain["measured_plain"] += tokens * per_token
+        self.gain["measured"] += seconds
+
+    def speedups(self) -> tuple[float | None, float | None]:
+        """(expected, measured) speed-up of the steps the measured choice drafted in."""
+        g = self.gain
+        return (
+            g["expected_plain"] / g["expected"] if g["expected"] else None,
+            g["measured_plain"] / g["measured"] if g["measured"] else None,
+        )
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """One sequence's draft run: `num_drafted` guesses, the first `num_accepted` accepted."""
