@@ -17,6 +17,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_collection_modifyitems(config, items):
     lanes.mark(items, Path(__file__).parent)
+    # pytest -n (pytest-xdist, make test): its workers collect with numprocesses cleared.
+    if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        lanes.heavy_first(items)
 
 
 @pytest.fixture(autouse=True, scope="session")

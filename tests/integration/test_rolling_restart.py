@@ -22,7 +22,10 @@ QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     roll = {"slug": "roll", "replicas": 1, "max_num_seqs": 8}
-    with platform(django_db_blocker, tmp_path_factory, "rolling", deployments=[roll], env={"RECONCILE_INTERVAL": "1"},
+    # The old replica must drain and stop by itself: on a loaded machine (a run with two test
+    # processes) the stacks' 5 s before a stop turns into a kill was once too short.
+    env = {"RECONCILE_INTERVAL": "1", "REPLICA_STOP_TIMEOUT": "30"}
+    with platform(django_db_blocker, tmp_path_factory, "rolling", deployments=[roll], env=env,
                   model="demo-rolling", staff=True, beat=True, token=True) as p:  # fmt: skip
         yield p
 
