@@ -66,7 +66,7 @@ check: setup
 # SQLite); TEST_DATABASE_URL / TEST_REDIS_URL, given here or in the environment, use yours instead.
 test: setup lint check
 	cd frontend && npm test --silent
-	$(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
 # The fast lane: no test that starts processes, none that computes for seconds (tests/support/lanes.py).
 unit: $(STAMP) apt

@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_collection_modifyitems(config, items):
     lanes.mark(items, Path(__file__).parent)
-    # pytest -n (pytest-xdist, make test): its workers collect with numprocesses cleared.
+    # pytest -n (pytest-xdist, an option: README): its workers collect with numprocesses cleared.
     if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
         lanes.heavy_first(items)
 
