@@ -202,9 +202,9 @@ class Choice:
     ks: list[int]  # guesses per sequence maximising the step's expected tokens per second
     rate: float  # ... that rate (0 when nothing was measured yet)
     drafting: list[int]  # the best choice that drafts at all (what exploration runs)
-    tokens: float = 0.0  # the expected tokens of `ks`' step, the draft pass's seconds included
-    seconds: float = 0.0  # ... and its expected seconds
-    plain_seconds: float = 0.0  # T(B, 0): what a step that drafts nothing costs here
+    tokens: float = 0.0  # the tokens `ks`' step is expected to emit
+    seconds: float = 0.0  # ... and its expected seconds, the draft pass included
+    plain_seconds: float = 0.0  # what a step that drafts and feeds nothing costs (off_seconds)
 
 
 def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_size: int) -> Choice:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from workers.engine.sequence import Sequence
 from workers.engine.speculative import cost_model
@@ -19,6 +20,16 @@ from workers.engine.speculative.backoff import DraftBackoff
 from workers.engine.speculative.config import SpeculativeConfig
 from workers.engine.speculative.drafter import Drafter
 from workers.engine.speculative.stats import SpeculationStats
+
+
+@dataclass
+class _GainStep:
+    """A step the measured choice drafted in, from its propose to its observe (stats.record_gain)."""
+
+    choice: cost_model.Choice
+    batch_size: int
+    started: float  # perf_counter when drafting began
+    tokens: int = 0  # emitted so far: each sampled sequence's accepted guesses plus its own token
 
 
 class NoSpeculation:
@@ -64,9 +75,8 @@ class Speculator:
         # bucket -> choices in a row that drafted nothing: past EXPLORE_EVERY of them the head is
         # no longer fed at that batch size (nothing pays there), until a choice drafts again.
         self.idle_choices: dict[int, int] = {}
-        # The measured choice of this step, while it drafts: (choice, batch size, started, tokens
-        # the step emitted so far), for the expected-against-measured gain (stats.record_gain).
-        self._gain: tuple[cost_model.Choice, int, float, list[int]] | None = None
+        # This step's measured choice, while it drafts: expected against measured gain.
+        self._gain: _GainStep | None = None
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -107,7 +117,7 @@ class Speculator:
         if self.measured and seqs:
             limits, exploring, choice = self._choose_k(seqs, limits, len(running))
             if any(limits) and not exploring:
-                self._gain = (choice, len(running), started, [0])
+                self._gain = _GainStep(choice, len(running), started)
             seqs, limits = [s for s, k in zip(seqs, limits, strict=True) if k], [k for k in limits if k]
             if not seqs:
                 self.stats.record_choice([0] * num_decoding)
@@ -156,7 +166,7 @@ class Speculator:
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A sampled sequence's step: `num_accepted` of its `num_drafted` guesses were taken."""
         if self._gain is not None:
-            self._gain[3][0] += 1 + num_accepted
+            self._gain.tokens += 1 + num_accepted
         if num_drafted:
             self.stats.record(num_drafted, num_accepted)
             self.backoff.record(seq, num_accepted)
@@ -175,9 +185,9 @@ class Speculator:
             self.stats.verify_seconds += time.perf_counter() - started
         fed = self._feed(batch, starts, aux, num_running)
         if self._gain is not None:
-            choice, batch_size, drafting, [tokens] = self._gain
-            seconds = time.perf_counter() - drafting  # the draft pass, the step and the feeding
-            self.stats.record_gain(choice.tokens, choice.seconds, tokens, seconds, choice.plain_seconds, batch_size)
+            g, choice = self._gain, self._gain.choice
+            seconds = time.perf_counter() - g.started  # the draft pass, the step and the feeding
+            self.stats.record_gain(choice.tokens, choice.seconds, g.tokens, seconds, choice.plain_seconds, g.batch_size)
             self._gain = None
         if self.measured and all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all):
             # A decode or verify step (no prompt chunk in it): what it cost for its query tokens,
