@@ -111,6 +111,30 @@ def test_migration_drops_old_plaintext_tokens():
     assert "authtoken_token" not in connection.introspection.table_names()
 
 
+def test_ensure_admin_creates_the_first_admin_once_and_never_resets_it(monkeypatch, capsys):
+    """The Kubernetes migrate Job runs it on every deploy: a second run, or one after the admin
+    changed the password, changes nothing."""
+    from django.contrib.auth import get_user_model
+    from django.core.management.base import CommandError
+
+    monkeypatch.delenv("DJANGO_SUPERUSER_USERNAME", raising=False)
+    call_command("ensure_admin")
+    assert "no admin user created" in capsys.readouterr().out and not get_user_model().objects.exists()
+    monkeypatch.setenv("DJANGO_SUPERUSER_USERNAME", "root")
+    monkeypatch.delenv("DJANGO_SUPERUSER_PASSWORD", raising=False)
+    with pytest.raises(CommandError, match="DJANGO_SUPERUSER_PASSWORD is not set"):
+        call_command("ensure_admin")
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "first-password")
+    call_command("ensure_admin")
+    admin = get_user_model().objects.get(username="root")
+    assert admin.is_superuser and admin.is_staff and admin.check_password("first-password")
+    admin.set_password("changed-by-the-admin")
+    admin.save()
+    call_command("ensure_admin")
+    assert "exists: left as it is" in capsys.readouterr().out.splitlines()[-1]
+    assert get_user_model().objects.get(username="root").check_password("changed-by-the-admin")
+
+
 # -- state directory ----------------------------------------------------------------------------
 
 STATE_SCRIPT = """

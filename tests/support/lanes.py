@@ -21,6 +21,7 @@ PROCESS_FOLDERS = ("integration", "e2e")
 
 STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
     "test_deploy_files.py": ("test_dockerfiles_pass_hadolint", "test_systemd_units_cover_every_process_and_verify"),
+    "test_kubernetes.py": ("*",),  # helm
     "test_run_supervisor.py": ("*",),
     "test_tooling.py": ("test_make_check_needs_no_database",),  # manage.py check, twice
     "controlplane/test_capacity_planner.py": ("test_planning_imports_neither_torch_nor_the_engine",),
