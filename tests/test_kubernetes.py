@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+import uuid
 from functools import cache
 from pathlib import Path
 
@@ -467,3 +469,73 @@ def test_images_are_the_ones_docker_builds_and_run_as_their_user(overlay):
     cmd = yaml.safe_load(_dockerfile("switchyard-web")["CMD"][-1])
     assert container["command"] == cmd  # the image's own start command
     assert [p["containerPort"] for p in container["ports"]] == [int(p) for p in _dockerfile("switchyard-web")["EXPOSE"]]
+
+
+# -- the manifests' commands and settings, run here ---------------------------------------------
+
+
+@pytest.fixture
+def empty_database():
+    """A new database on this run's PostgreSQL, as a fresh cluster's would be."""
+    import psycopg
+
+    server = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    name = f"k8s_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def manifest_env(objects, container: dict, **here: str) -> dict[str, str]:
+    """The environment a container gets from the manifests, with `here` in place of what only
+    exists in a cluster (the database's and Redis' host names, /state, /models)."""
+    env = {}
+    for source in container.get("envFrom", []):
+        kind, ref = (
+            ("ConfigMap", source["configMapRef"]) if "configMapRef" in source else ("Secret", source["secretRef"])
+        )
+        obj = next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == ref["name"])
+        env |= obj.get("data") or obj.get("stringData") or {}
+    env |= {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return env | here
+
+
+def test_the_migrate_job_and_the_wait_for_it_work_on_an_empty_database(empty_database, tmp_path):
+    """The Job's command and the init containers' check, with the prod overlay's settings: the
+    check fails until the Job has run, the Job creates the admin once, and runs again as a no-op."""
+    objects = rendered("prod")
+    (job,) = containers(find(objects, "Job", "migrate"))
+    (wait,) = pod_spec(find(objects, "Deployment", "web"))["initContainers"]
+    check = re.fullmatch(r"until (.+?); do .*", wait["command"][-1]).group(1)
+    env = manifest_env(objects, job, DATABASE_URL=empty_database, REDIS_URL=os.environ["REDIS_URL"],
+                       SWITCHYARD_STATE_DIR=str(tmp_path), MODEL_ROOTS=str(tmp_path))  # fmt: skip
+    env |= {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+
+    def sh(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    assert sh(check).returncode != 0  # the web, beat and control pods wait
+    first = sh(job["command"][-1])
+    assert first.returncode == 0 and "created the admin user 'admin'" in first.stdout, first.stderr
+    assert sh(check).returncode == 0  # they start
+    again = sh(job["command"][-1])
+    assert again.returncode == 0 and "exists: left as it is" in again.stdout, again.stderr
+
+
+def test_the_agent_reads_the_manifests_settings(monkeypatch):
+    from workers.agent.config import AgentConfig
+
+    objects = rendered("prod")
+    (container,) = containers(find(objects, "DaemonSet", "agent"))
+    env = manifest_env(objects, container, SWITCHYARD_NODE="gpu-node-7", KV_TRANSFER_HOST="10.1.2.3")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = AgentConfig.from_env()
+    assert (config.node, config.kv_host, config.redis_url) == (
+        "gpu-node-7",
+        "10.1.2.3",
+        "redis://:pw@redis.internal:6379/0",
+    )
+    assert config.state_dir == Path("/state") and config.stop_timeout == 10 and config.kv_protocol == "tcp"
