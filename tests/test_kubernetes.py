@@ -365,6 +365,15 @@ def test_the_agent_runs_on_gpu_nodes_with_their_gpus_and_rdma_when_asked():
     assert "/hugepages" in {m["mountPath"] for m in container["volumeMounts"]}
 
 
+def test_dev_runs_agents_and_segment_servers_on_every_node_with_or_without_gpus():
+    objects = rendered("dev")
+    for part in ("agent", "kvpool"):
+        spec = pod_spec(find(objects, "DaemonSet", part))
+        assert "nodeSelector" not in spec and "tolerations" not in spec, part
+    (agent,) = pod_spec(find(objects, "DaemonSet", "agent"))["containers"]
+    assert "nvidia.com/gpu" not in agent["resources"]["limits"]
+
+
 def test_the_kv_store_master_is_one_pod_behind_a_service_the_control_plane_names():
     objects = rendered("prod")
     master = find(objects, "Deployment", "kvstore")

@@ -45,6 +45,18 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* What every Switchyard pod has: the chart's service account without an API token (no pod
+     calls the Kubernetes API), the pull secrets, and uid 10001. */}}
+{{- define "switchyard.podBasics" -}}
+serviceAccountName: {{ include "switchyard.name" (dict "root" . "part" "pods") }}
+automountServiceAccountToken: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets: {{ toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- include "switchyard.podSecurityContext" . | nindent 2 }}
+{{- end -}}
+
 {{- define "switchyard.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
