@@ -66,6 +66,7 @@ STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
     ),
     "workers/test_outbox.py": ("*",),
     "workers/test_replica_kv_index.py": ("*",),
+    "workers/test_sim_engine.py": ("test_the_sim_replica_loads_neither_torch_nor_the_model_code",),
     "workers/test_replica_speculation.py": ("*",),
     "workers/test_replica_tiers.py": ("*",),
 }

@@ -1,4 +1,4 @@
-"""A real replica process publishes the block hashes its prefix cache holds into its Redis set
+"""A replica process (the real engine, and the simulated one: workers/sim) publishes the block hashes its prefix cache holds into its Redis set
 (workers/protocol/kv_blocks.py): after two requests with the same prompt the set is exactly the
 blocks they computed and a router's lookup finds the prompt's prefix; after Redis restarts empty
 the replica writes the whole set again; a replica that stops leaves no set behind. The replica
@@ -26,14 +26,14 @@ PROMPT = list(range(40, 61))  # 21 tokens: 5 reusable full blocks
 MAX_TOKENS = 4
 
 
-@pytest.fixture(scope="module")
-def replica(model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["real", "sim"])
+def replica(request, model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("kv-index")
     server = RedisServer()
     server.start()
     client = redis.Redis(port=server.port, decode_responses=True)
     client.sadd(kv_index_key(REPLICA), "123")  # left by an earlier incarnation
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", model=str(model_dir), model_name="tiny",
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", engine=request.param, model=str(model_dir), model_name="tiny",
                        dtype="float32", block_size=BLOCK, threads=1, redis_url=server.url,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, state)

@@ -114,7 +114,17 @@ def main(argv=None) -> int:
     pa.add_argument("--model", help="HF model directory (default: a random 8-layer checkpoint, 2k context)")
     pa.add_argument("--quick", action="store_true", help="a tiny model and a 256-token prompt (for smoke runs)")
     pa.add_argument("--json", action="store_true", help="print only the JSON line")
+    pr = sub.add_parser("profile", help="fit the simulated engine's step-time profile to the real engine here")
+    pr.add_argument("--model", help="HF model directory (default: the demo model)")
+    pr.add_argument("--threads", type=int, default=1, help="torch threads (a replica's REPLICA_CPU_THREADS)")
+    pr.add_argument("--rounds", type=int, default=3, help="timings per prefill length (the median)")
+    pr.add_argument("--out", help="write the profile here (JSON), for --sim-profile or a deployment's sim_profile")
+    pr.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "profile":
+        from workers.bench.profile import run
+
+        return run(args)
     if args.name == "parallel":
         from workers.bench.parallel import run
 

@@ -18,6 +18,7 @@ from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError, describe
 from workers.engine.executor import DeviceExecutor, make_executor
 from workers.engine.loader import eos_token_ids, weights_identity
+from workers.engine.no_tiers import NoTiers
 from workers.engine.output_processor import OutputProcessor
 from workers.engine.outputs import RequestDelta
 from workers.engine.parallel.config import ParallelConfig
@@ -28,7 +29,7 @@ from workers.engine.scheduler import ScheduledSeq, Scheduler
 from workers.engine.sequence import Sequence
 from workers.engine.speculative import SpeculativeConfig, make_speculator
 from workers.engine.structured import Grammars, grammar_state
-from workers.engine.tiered_cache import KVTierConfig, NoTiers, TieredCache
+from workers.engine.tiered_cache import KVTierConfig, TieredCache
 from workers.protocol.model_files import read_config, served_context
 from workers.protocol.tokenizer import Tokenizer
 

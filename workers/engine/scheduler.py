@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.no_tiers import NoTiers
 from workers.engine.sequence import Sequence, SequenceStatus
-from workers.engine.tiered_cache import NoTiers
 
 if TYPE_CHECKING:
     from workers.engine.tiered_cache import TieredCache

@@ -114,35 +114,6 @@ class Fetch:
     future: concurrent.futures.Future | None = None
 
 
-class NoTiers:
-    """No KV tiers: what the engine and the scheduler call on a TieredCache, doing nothing (a
-    lookup finds nothing, at once), so neither asks whether there are tiers."""
-
-    def ready(self, seq: Sequence, bm: BlockManager) -> bool:
-        return True
-
-    def loaded_blocks(self, seq: Sequence) -> list[FetchedBlock]:
-        return []
-
-    def write_block(self, block_id: int, block: FetchedBlock) -> None:
-        raise AssertionError("no KV tier loaded a block")
-
-    def admitted(self, seq: Sequence) -> None:
-        pass
-
-    def on_finish(self, seq: Sequence) -> None:
-        pass
-
-    def wait(self, timeout: float) -> None:
-        pass
-
-    def stats(self) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
 class TieredCache:
     def __init__(self, cfg: KVTierConfig, kv_cache: torch.Tensor, layout: dict, block_size: int):
         self.cfg = cfg

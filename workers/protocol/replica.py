@@ -708,6 +708,10 @@ class ReplicaSpec(Wire):
     # others on the replica's devices in order (CUDA_VISIBLE_DEVICES), rank r on device r.
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    # "sim": the simulated engine (workers/sim), its step times from `sim_profile` (a profile's
+    # fields, workers/sim/profile.py); "real": the model.
+    engine: str = "real"
+    sim_profile: dict | None = None
     extra: dict = field(default_factory=dict)
     version: int = VERSION
 

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.replica", description=__doc__.splitlines()[0])
     parser.add_argument("--replica-id", type=int, required=True)
     parser.add_argument("--spec", type=Path, default=os.environ.get("SWITCHYARD_REPLICA_SPEC"))
+    parser.add_argument("--engine", choices=("real", "sim"), help="overrides the spec's: sim is the simulated engine")
+    parser.add_argument("--sim-profile", help="the simulated engine's profile: a shipped one's name or a file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("workers.replica")
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = ReplicaSpec.from_json(Path(args.spec).read_text())
     if spec.replica_id != args.replica_id:
         parser.error(f"spec {args.spec} is for replica {spec.replica_id}, not {args.replica_id}")
+    if args.engine == "sim" or (args.engine is None and spec.engine == "sim"):
+        return serve_simulated(spec, args.sim_profile, log)
 
     import redis
     import torch
@@ -73,6 +77,40 @@ def main(argv: list[str] | None = None) -> int:
         return serve(spec, engine, client, log)
     finally:
         engine.close()
+
+
+def serve_simulated(spec: ReplicaSpec, profile_name: str | None, log: logging.Logger) -> int:
+    """The simulated engine (workers/sim) behind the same server: no torch, no weights."""
+    import redis
+
+    from workers.engine.errors import RequestError
+    from workers.sim.engine import SimConfig, SimEngine
+    from workers.sim.profile import DEFAULT_PROFILE, ProfileError, SimProfile, load_profile
+
+    refused = {"role": spec.role != "colocated", "speculative": spec.speculative is not None,
+               "kv_tiers": spec.kv_tiers is not None, "tensor_parallel": spec.tensor_parallel > 1,
+               "pipeline_parallel": spec.pipeline_parallel > 1}  # fmt: skip
+    if any(refused.values()):
+        log.error("the simulated engine does not simulate %s", ", ".join(k for k, v in refused.items() if v))
+        return 2
+    try:
+        if profile_name is not None:
+            profile = load_profile(profile_name)
+        elif spec.sim_profile is not None:
+            profile = SimProfile.from_dict(spec.sim_profile)
+        else:
+            profile = load_profile(DEFAULT_PROFILE)
+        engine = SimEngine(SimConfig(
+            model=spec.model, profile=profile, block_size=spec.block_size,
+            enable_prefix_caching=spec.enable_prefix_caching, max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
+            kv_cache_bytes=spec.kv_cache_bytes,
+        ))  # fmt: skip
+    except (ProfileError, RequestError, OSError, ValueError) as exc:
+        log.error("cannot simulate %s: %s", spec.model, exc)
+        return 2
+    log.info("simulating %s (profile: %s)", spec.model, profile.source or profile_name or "from the spec")
+    return serve(spec, engine, redis.Redis.from_url(spec.redis_url, decode_responses=True), log)
 
 
 def serve(spec: ReplicaSpec, engine, client, log: logging.Logger) -> int:
