@@ -1,8 +1,8 @@
-"""A replica process (the real engine, and the simulated one: workers/sim) survives a burst of bad requests: each is answered with an error
-event of its own, naming the parameter without internal text, while a request already
-streaming and one sent after the burst both finish. The messages go straight onto the
-replica's stream, as a buggy or older gateway could send them (the gateway's own checks are
-tested in tests/controlplane/test_bad_input.py)."""
+"""A replica process (the real engine, and the simulated one: workers/sim) survives a burst of bad
+requests: each is answered with an error event of its own, naming the parameter without internal
+text, while a request already streaming and one sent after the burst both finish. The messages
+go straight onto the replica's stream, as a buggy or older gateway could send them (the
+gateway's own checks are tested in tests/controlplane/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def replica(request, model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("bad-input")
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     client.delete(protocol.status_key(REPLICA), protocol.requests_key(REPLICA))
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="bad-input", engine=request.param, model=str(model_dir), model_name="tiny",
-                       dtype="float32", block_size=4, threads=1, redis_url=settings.REDIS_URL,
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="bad-input", model=str(model_dir), model_name="tiny",
+                       engine=request.param, dtype="float32", block_size=4, threads=1, redis_url=settings.REDIS_URL,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, state)
     try:

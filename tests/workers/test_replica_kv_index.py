@@ -1,8 +1,9 @@
-"""A replica process (the real engine, and the simulated one: workers/sim) publishes the block hashes its prefix cache holds into its Redis set
-(workers/protocol/kv_blocks.py): after two requests with the same prompt the set is exactly the
-blocks they computed and a router's lookup finds the prompt's prefix; after Redis restarts empty
-the replica writes the whole set again; a replica that stops leaves no set behind. The replica
-runs against a redis-server of its own so that the test can restart it."""
+"""A replica process (the real engine, and the simulated one: workers/sim) publishes the block
+hashes its prefix cache holds into its Redis set (workers/protocol/kv_blocks.py): after two
+requests with the same prompt the set is exactly the blocks they computed and a router's lookup
+finds the prompt's prefix; after Redis restarts empty the replica writes the whole set again; a
+replica that stops leaves no set behind. The replica runs against a redis-server of its own so
+that the test can restart it."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def replica(request, model_dir, tmp_path_factory):
     server.start()
     client = redis.Redis(port=server.port, decode_responses=True)
     client.sadd(kv_index_key(REPLICA), "123")  # left by an earlier incarnation
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", engine=request.param, model=str(model_dir), model_name="tiny",
-                       dtype="float32", block_size=BLOCK, threads=1, redis_url=server.url,
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", model=str(model_dir), model_name="tiny",
+                       engine=request.param, dtype="float32", block_size=BLOCK, threads=1, redis_url=server.url,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, state)
     try:

@@ -126,12 +126,13 @@ def run(args) -> int:
     profile = SimProfile(
         prefill_base=round(a, 6), prefill_per_token=round(b, 9), decode_base=round(c, 6), decode_per_seq=round(d, 9),
         decode_per_context_token=round(e, 11), kv_bytes_per_token=bytes_per_token,
-        source=f"python -m workers.bench profile: {Path(model).parent.name}/{Path(model).name}, cpu, float32, {args.threads} thread(s), "
-               f"{time.strftime('%Y-%m-%d')}",
+        source=f"python -m workers.bench profile: {Path(model).parent.name}/{Path(model).name}, cpu, float32, "
+               f"{args.threads} thread(s), {time.strftime('%Y-%m-%d')}",
     )  # fmt: skip
+    kv_bytes = engine.block_manager.num_blocks * 16 * bytes_per_token
     sim_engine = SimEngine(SimConfig(model=model, profile=profile, block_size=16, max_num_seqs=32,
                                      max_num_batched_tokens=2048, enable_prefix_caching=False,
-                                     kv_cache_bytes=engine.block_manager.num_blocks * 16 * bytes_per_token))  # fmt: skip
+                                     kv_cache_bytes=kv_bytes))  # fmt: skip
     # Side by side, alternating, the median of each: the machine's speed drifts within a run.
     real_runs, sim_runs = [], []
     for round_ in range(args.rounds):
