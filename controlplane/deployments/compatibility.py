@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from controlplane.common.errors import DomainError
-from controlplane.deployments.models import CachePolicy
+from controlplane.deployments.models import CachePolicy, Deployment
 from controlplane.deployments.replica_specs import kv_tiers_spec
 from controlplane.planner import services as planner
 from workers.protocol.architectures import MLA_ARCHITECTURES
@@ -301,6 +301,10 @@ def check_cache_policy(policy: CachePolicy) -> None:
     if stored is not None and kv_tiers_spec(stored) == kv_tiers_spec(policy):
         return  # what its replicas get is unchanged
     for dep in policy.deployments.select_related("model").order_by("slug"):
+        if dep.engine == Deployment.Engine.SIM and kv_tiers_spec(policy) is not None:
+            field = next((name for name in TIER_FIELDS if getattr(policy, name)), "prefix_caching")
+            raise DomainError(f"deployment {dep.slug!r} uses this cache policy and runs the simulated engine, "
+                              "which does not simulate KV tiers yet", field)  # fmt: skip
         data = {"tensor_parallel": dep.tensor_parallel, "pipeline_parallel": dep.pipeline_parallel,
                 "model": dep.model, "cache_policy": policy}  # fmt: skip
         found = refusal(data, {"cache_policy"})

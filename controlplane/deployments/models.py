@@ -74,6 +74,12 @@ class Deployment(models.Model):
         RUNNING = "running"
         STOPPED = "stopped"
 
+    class Engine(models.TextChoices):
+        REAL = "real"
+        # The simulated engine (workers/sim): the replica protocol, scheduling and KV cache of
+        # the real one, step times from a profile, no weights computed (fleet-size tests).
+        SIM = "sim"
+
     slug = models.SlugField(max_length=100, unique=True)
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.COLOCATED)
@@ -92,6 +98,10 @@ class Deployment(models.Model):
     draft_model = models.ForeignKey(Model, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     speculative_k = models.PositiveSmallIntegerField(
         default=4, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
+    engine = models.CharField(max_length=8, choices=Engine.choices, default=Engine.REAL)
+    sim_profile = models.CharField(
+        max_length=64, blank=True, default="", help_text="engine sim: a shipped profile's name (empty: cpu-demo)"
     )
     desired_state = models.CharField(max_length=8, choices=DesiredState.choices, default=DesiredState.RUNNING)
     generation = models.PositiveIntegerField(default=1, help_text="bumped by restart: older replicas are replaced")

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from workers.protocol.replica import KVTiersSpec, ReplicaSpec, SpeculativeSpec
+from workers.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,22 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         kv_tiers=kv_tiers_spec(policy),
         tensor_parallel=deployment.tensor_parallel,
         pipeline_parallel=deployment.pipeline_parallel,
+        engine=deployment.engine,
+        sim_profile=profile_fields(deployment),
         extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
     )
+
+
+def profile_fields(deployment: Deployment) -> dict | None:
+    """The profile a simulated replica is timed by, sent whole in its spec (None: the real engine)."""
+    if deployment.engine != Deployment.Engine.SIM:
+        return None
+    try:
+        return load_profile(deployment.sim_profile or DEFAULT_PROFILE).to_dict()
+    except ProfileError:  # a profile removed since the deployment was saved: the default one
+        log.warning("deployment %s: no simulation profile %r; using %s", deployment.slug, deployment.sim_profile,
+                    DEFAULT_PROFILE)  # fmt: skip
+        return load_profile(DEFAULT_PROFILE).to_dict()
 
 
 def speculative_spec(deployment: Deployment, role: str) -> SpeculativeSpec | None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.catalog import services as catalog
 from controlplane.common.errors import DomainError
-from controlplane.deployments import compatibility
+from controlplane.deployments import compatibility, simulation
 from controlplane.deployments.messaging import publish_deployment, schedule_reconcile
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
 from controlplane.deployments.replica_states import State, stop_replica
@@ -93,6 +93,7 @@ def validate_deployment(data: dict, changed: set[str] | None = None) -> None:
             "model",
         )
     validate_speculation(data, check_files=changed is None or bool(changed & set(SPECULATION_FIELDS)))
+    simulation.check(data)  # what the simulated engine does not simulate
     compatibility.check_deployment(data, changed)  # combinations the engine refuses
     check_deployment_fits(data, changed)  # its weights fit the CUDA devices it would be placed on
 

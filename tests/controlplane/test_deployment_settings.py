@@ -112,3 +112,53 @@ def test_cache_policy_built_settings_are_accepted(staff_client):
             "min_cached_prefix_tokens": 0}  # fmt: skip
     response = staff_client.post("/api/v1/cache-policies/", body, format="json")
     assert response.status_code == 201, response.json()
+
+
+# -- the simulated engine -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("profile", "expected"), [("", "cpu-demo"), ("h100-llama3-8b", "h100-llama3-8b")])
+def test_a_simulated_deployment_sends_its_profile_whole_in_each_spec(staff_client, model, cpu_node, profile, expected):
+    from workers.sim.profile import load_profile
+
+    body = {"slug": "s", "model": "tiny", "engine": "sim", "sim_profile": profile}
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert (response.json()["engine"], response.json()["sim_profile"]) == ("sim", profile)
+    spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get(slug="s"), node=cpu_node))
+    assert spec.engine == "sim" and spec.sim_profile == load_profile(expected).to_dict()
+    real = staff_client.post("/api/v1/deployments/", {"slug": "r", "model": "tiny"}, format="json")
+    assert real.json()["engine"] == "real"
+    spec = build_spec(Replica.objects.create(deployment=Deployment.objects.get(slug="r"), node=cpu_node))
+    assert spec.engine == "real" and spec.sim_profile is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [({"engine": "real", "sim_profile": "cpu-demo"}, "sim_profile", "read by the simulated engine only"),
+     ({"engine": "sim", "sim_profile": "a100"}, "sim_profile", "no simulation profile 'a100'"),
+     ({"engine": "sim", "mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}, "mode",
+      "is not simulated yet"),
+     ({"engine": "sim", "speculative_method": "ngram"}, "speculative_method", "is not simulated yet"),
+     ({"engine": "sim", "tensor_parallel": 2}, "tensor_parallel", "is not simulated yet"),
+     ({"engine": "quantum"}, "engine", "not a valid choice")],
+)  # fmt: skip
+def test_what_the_simulated_engine_does_not_simulate_is_refused(staff_client, model, cpu_node, body, field, says):
+    response = staff_client.post("/api/v1/deployments/", {"slug": "s", "model": "tiny", **body}, format="json")
+    assert response.status_code == 400 and says in str(response.json()[field]), response.json()
+    assert not Deployment.objects.exists()
+
+
+def test_a_simulated_deployment_refuses_kv_tiers_and_a_change_to_them(staff_client, model):
+    tiers = CachePolicy.objects.create(name="tiers", dram_tier_bytes=1 << 20)
+    body = {"slug": "s", "model": "tiny", "engine": "sim", "cache_policy": "tiers"}
+    response = staff_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 400 and "KV tiers of cache_policy 'tiers'" in str(response.json()["cache_policy"])
+    assert staff_client.post("/api/v1/deployments/", {"slug": "s", "model": "tiny", "engine": "sim"},
+                             format="json").status_code == 201  # fmt: skip
+    patch = staff_client.patch("/api/v1/deployments/s/", {"cache_policy": tiers.name}, format="json")
+    assert patch.status_code == 400 and "is not simulated yet" in str(patch.json()["cache_policy"])
+    policy = CachePolicy.objects.create(name="plain")
+    assert staff_client.patch("/api/v1/deployments/s/", {"cache_policy": "plain"}, format="json").status_code == 200
+    turned_on = staff_client.patch(f"/api/v1/cache-policies/{policy.pk}/", {"dram_tier_bytes": 1 << 20}, format="json")
+    assert turned_on.status_code == 400 and "simulated engine" in str(turned_on.json()["dram_tier_bytes"])

@@ -169,6 +169,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "speculative_method",
             "draft_model",
             "speculative_k",
+            "engine",
+            "sim_profile",
             "max_surge",
             *DEPLOYMENT_STATE_FIELDS,
         ]
@@ -181,6 +183,11 @@ class DeploymentSerializer(serializers.ModelSerializer):
                 "colocated and decode replicas speculate, prefill replicas never"
             },
             "speculative_k": {"help_text": "tokens drafted per step (1-16); auto's most"},
+            "engine": {
+                "help_text": "real (the model) or sim: the simulated engine, with the real scheduler and KV cache and "
+                "step times from sim_profile, for fleet-size tests (docs/operations.md, 'The simulated engine'); "
+                "sim runs colocated replicas of one device, without speculation or KV tiers"
+            },
             **{
                 size: {
                     "help_text": "ranks per replica (tensor_parallel x pipeline_parallel devices of one node); > 1 "
