@@ -14,6 +14,7 @@ app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(
     [
+        "controlplane.autoscaling",
         "controlplane.catalog",
         "controlplane.deployments",
         "controlplane.inventory",

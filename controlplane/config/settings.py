@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "controlplane.catalog",
     "controlplane.inventory",
     "controlplane.deployments",
+    "controlplane.autoscaling",
     "controlplane.gateway",
     "controlplane.telemetry",
     "controlplane.planner",
@@ -163,6 +164,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "deployments.reconcile", "schedule": env.float("RECONCILE_INTERVAL", default=10.0)},
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
     "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
+    "autoscale": {"task": "autoscaling.tick", "schedule": env.float("AUTOSCALE_INTERVAL", default=15.0)},
 }
 
 # The control plane's side of nodes and replicas. A node agent's own settings (REPLICA_COMMAND,

@@ -10,6 +10,7 @@ from controlplane.telemetry.views import metrics
 api_v1 = [
     path("", include("controlplane.catalog.api.urls")),
     path("", include("controlplane.inventory.api.urls")),
+    path("", include("controlplane.autoscaling.api.urls")),
     path("", include("controlplane.deployments.api.urls")),
     path("", include("controlplane.gateway.api.urls")),
     path("", include("controlplane.events.api.urls")),

@@ -52,3 +52,18 @@ def placement_problem(dep: Deployment) -> str:
         rooms.append(f"{node.name}: {len(free_devices(node))} of {healthy} healthy devices free" if healthy
                      else f"{node.name}: no healthy device")  # fmt: skip
     return f"no online node has room for a replica ({need} device{'s' if need > 1 else ''}): " + "; ".join(rooms)
+
+
+def room_for(dep: Deployment) -> int:
+    """How many more replicas of `dep` the online nodes can place now (the autoscaler's bound)."""
+    per_cpu = settings.SWITCHYARD["CPU_REPLICAS_PER_DEVICE"]
+    need = dep.devices_per_replica
+    room = 0
+    for node in placeable_nodes():
+        devices = node.devices.filter(health=Device.Health.HEALTHY).annotate(
+            used=Count("replicas", filter=Q(replicas__state__in=Replica.LIVE_STATES))
+        )
+        cuda = sum(1 for d in devices if d.kind == Device.Kind.CUDA and d.used < 1)
+        cpu = sum(max(per_cpu - d.used, 0) for d in devices if d.kind == Device.Kind.CPU)
+        room += cuda // need + cpu // need  # a parallel CPU replica takes a slot on `need` devices: a bound
+    return room

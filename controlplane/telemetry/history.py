@@ -27,7 +27,8 @@ from controlplane.telemetry.prometheus import mean_acceptance_length, replica_st
 HISTORY_SECONDS = 900
 GROUP = "metrics"
 PREVIOUS_KEY = "switchyard:telemetry:previous"
-COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "spec_drafts", "spec_accepted")
+COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "spec_drafts", "spec_accepted",
+            "prompt_tokens", "requests_finished")  # fmt: skip
 HISTOGRAMS = {"ttft": "ttft_seconds", "itl": "itl_seconds"}
 
 
@@ -60,6 +61,8 @@ def replica_counters(metrics: dict, load: dict) -> dict:
         "prefix_cache_queries": load.get("prefix_cache_queries", 0),
         "spec_drafts": spec.get("num_drafts", 0),
         "spec_accepted": sum(spec.get("accepted_per_position") or []),
+        "prompt_tokens": metrics.get("prompt_tokens", 0),
+        "requests_finished": metrics.get("requests_finished", 0),
     }
     for name, key in HISTOGRAMS.items():
         if key in metrics:

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AutoscalingConfig(AppConfig):
+    name = "controlplane.autoscaling"
+    label = "autoscaling"
