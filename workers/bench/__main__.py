@@ -120,7 +120,19 @@ def main(argv=None) -> int:
     pr.add_argument("--rounds", type=int, default=3, help="timings per prefill length (the median)")
     pr.add_argument("--out", help="write the profile here (JSON), for --sim-profile or a deployment's sim_profile")
     pr.add_argument("--json", action="store_true", help="print only the JSON line")
+    au = sub.add_parser("autoscale", help="the autoscaler against fixed replica counts on a simulated deployment")
+    au.add_argument("--seconds", type=float, default=240, help="one swing of the load, low to high and back")
+    au.add_argument("--low", type=float, default=0.5, help="requests/s at the ends of the swing")
+    au.add_argument("--high", type=float, default=9.0, help="requests/s at its peak")
+    au.add_argument("--seed", type=int, default=3)
+    au.add_argument("--policies", default="static_peak,static_mean,autoscaled", help="which runs, comma-separated")
+    au.add_argument("--keep", action="store_true", help="keep the state directory and logs")
+    au.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "autoscale":
+        from workers.bench.autoscale import run
+
+        return run(args)
     if args.name == "profile":
         from workers.bench.profile import run
 
