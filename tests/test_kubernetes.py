@@ -292,12 +292,15 @@ def test_migrations_run_in_a_job_and_the_control_plane_waits_for_them():
     for kind, part in CONTROL_PLANE[:3]:
         (init,) = pod_spec(find(objects, kind, part))["initContainers"]
         assert "manage.py migrate --check" in " ".join(init["command"]), part
-    # The Job is named after the image: a new image gets a new Job (a Job's pod spec is immutable).
-    other = helm(
-        "template", RELEASE, *render_args("prod"), "--set", "images.web.tag=2", "--show-only", "templates/migrate.yaml"
-    )
-    assert other.returncode == 0, other.stderr
-    assert yaml.safe_load(other.stdout)["metadata"]["name"] != job["metadata"]["name"]
+    # The Job is named after what it runs: a new image, its resources or the settings get a new Job
+    # (a Job's pod template cannot change in place); the same values, the same Job.
+    for change in ("images.web.tag=2", "migrate.resources.limits.memory=2Gi", "config.LOG_LEVEL=DEBUG", None):
+        changed = ["--set", change] if change else []
+        other = helm("template", RELEASE, "--namespace", "switchyard", *render_args("prod"), *changed,
+                     "--show-only", "templates/migrate.yaml")  # fmt: skip
+        assert other.returncode == 0, other.stderr
+        same = yaml.safe_load(other.stdout)["metadata"]["name"] == job["metadata"]["name"]
+        assert same == (change is None), change
 
 
 def test_management_commands_the_chart_runs_exist():
@@ -361,7 +364,7 @@ def test_the_agent_runs_on_gpu_nodes_with_their_gpus_and_rdma_when_asked():
     assert (
         container["resources"]["limits"]["rdma/hca"] == 1 and container["resources"]["limits"]["hugepages-2Mi"] == "2Gi"
     )
-    assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"] and pod_spec(rdma)["hostNetwork"]
+    assert pod_spec(rdma)["hostNetwork"] and "add" not in container["securityContext"]["capabilities"]
     assert "/hugepages" in {m["mountPath"] for m in container["volumeMounts"]}
 
 
@@ -420,6 +423,11 @@ def test_the_servicemonitor_scrapes_the_fleets_metrics_once_through_the_service(
                 "--show-only", "templates/servicemonitor.yaml")  # fmt: skip
     credentials = yaml.safe_load(done.stdout)["spec"]["endpoints"][0]["authorization"]["credentials"]
     assert credentials["key"] == "METRICS_TOKEN"
+    # Secrets made outside the chart (secrets.create=false): sendToken says the token is there.
+    external = helm("template", RELEASE, *render_args("prod"), "--set", "metrics.serviceMonitor.sendToken=true",
+                    "--show-only", "templates/servicemonitor.yaml")  # fmt: skip
+    assert "authorization" in yaml.safe_load(external.stdout)["spec"]["endpoints"][0]
+    assert "authorization" not in monitor["spec"]["endpoints"][0]
 
 
 # -- images -------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ class Autoscaling(models.Model):
     deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="autoscaling")
     enabled = models.BooleanField(default=False)
     mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.ADVISORY)
-    min_replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)])
+    # At least 1: a deployment with no replica reports no demand to scale back up from.
+    min_replicas = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(64)])
     max_replicas = models.PositiveSmallIntegerField(default=4, validators=[MinValueValidator(1), MaxValueValidator(64)])
     ttft_p90_ms = models.FloatField(default=2000.0, validators=[MinValueValidator(1.0)])
     itl_p90_ms = models.FloatField(default=200.0, validators=[MinValueValidator(1.0)])
@@ -27,7 +28,9 @@ class Autoscaling(models.Model):
     )  # fmt: skip
     # What the autoscaler last saw and decided (GET .../autoscaling/ shows it).
     recommendation = models.JSONField(default=dict, blank=True)
-    last_change_at = models.DateTimeField(null=True, blank=True, help_text="when it last scaled (cooldown)")
+    last_change_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it last scaled (in advisory mode: last recommended a change)"
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -13,7 +13,8 @@ prompt_tps / prefill capacity + output_tps / decode capacity, from demand predic
 ahead (the measured rate plus its rise since the interval before; a fall is not extrapolated).
 
 Then, in order (each decision says which rule made it):
-1. a change in progress (replicas starting or draining): hold, decide nothing;
+1. a change in progress (replicas starting or draining), or one that settled within the interval
+   (which then measured the old replica count): hold, decide nothing;
 2. burst: requests waited in the queue, or the measured TTFT or ITL p90 broke its SLO: scale up at
    once, to the capacity estimate and at least one more replica;
 3. up: the estimate exceeds the current count by more than the tolerance: scale up to it;
@@ -66,7 +67,7 @@ class Capacity:
 class Decision:
     replicas: int  # what the deployment should run
     action: str  # "up", "down" or "hold"
-    rule: str  # which rule decided: change_in_progress, burst, up, down, cooldown, within_tolerance, bounds, idle
+    rule: str  # change_in_progress, settling, burst, up, down, cooldown, within_tolerance, bounds, idle
     reason: str  # in words, with the numbers
     estimate: float  # replicas the demand needs (fractional)
 
@@ -80,7 +81,12 @@ def capacity(profile: SimProfile, settings: Settings, demand: Demand, max_num_se
     context = prompt + max(demand.mean_output_tokens, 1.0) / 2
     per_seq = profile.decode_per_seq + profile.decode_per_context_token * context
     budget = settings.itl_p90_ms / 1000 - profile.decode_base
-    batch = int(budget / per_seq) if per_seq > 0 and budget > 0 else max_num_seqs
+    if per_seq <= 0:
+        batch = max_num_seqs
+    elif budget <= 0:  # the SLO is below one step: no batch meets it, so count one sequence per step
+        batch = 1
+    else:
+        batch = int(budget / per_seq)
     batch = max(1, min(batch, max_num_seqs, int(kv_tokens // max(context, 1.0)) or 1))
     step = profile.decode_base + per_seq * batch
     decode = batch / step if step > 0 else float("inf")
@@ -108,12 +114,14 @@ def decide(
     cap: Capacity,
     *,
     changing: str = "",
+    settling: bool = False,
     since_change: float | None = None,
     room: int = 1 << 30,
 ) -> Decision:
     """`current`: replicas the deployment is set to; `changing`: why a change is in progress ("" if
-    none); `since_change`: seconds since the last change (None: never); `room`: how many more
-    replicas the nodes can place."""
+    none); `settling`: the change ended within this interval, which therefore measured the old
+    replica count; `since_change`: seconds since the last change (None: never); `room`: how many
+    more replicas the nodes can place."""
     need = estimate(demand, previous, cap)
     lo, hi = settings.min_replicas, settings.max_replicas
     wanted = math.ceil(need - 1e-9)
@@ -133,6 +141,9 @@ def decide(
 
     if changing:
         return Decision(current, "hold", "change_in_progress", f"a change is in progress ({changing})", need)
+    if settling:
+        why = "the last change settled within this interval: its demand was served by the old replica count"
+        return Decision(current, "hold", "settling", why, need)
     if current < lo:
         return up_to(lo, "bounds", f"below min_replicas {lo}")
     if current > hi:

@@ -67,7 +67,9 @@ def demand_of(totals: dict | None, seconds: float, points: list[dict], last: dic
     if totals is None or not totals["counted"] or seconds <= 0:
         return None
     finished = totals["requests_finished"]
-    prompt = totals["prompt_tokens"] / finished if finished else (last or {}).get("mean_prompt_tokens")
+    # Prompt tokens the prefix cache served cost no prefill: only the computed ones are demand.
+    computed = max(totals["prompt_tokens"] - totals["cached_prompt_tokens"], 0)
+    prompt = computed / finished if finished else (last or {}).get("mean_prompt_tokens")
     output = totals["generation_tokens"] / finished if finished else (last or {}).get("mean_output_tokens")
     waiting = [p["waiting"] for p in points if p.get("waiting") is not None]
 
@@ -77,7 +79,7 @@ def demand_of(totals: dict | None, seconds: float, points: list[dict], last: dic
         return round(value * 1000, 3) if value is not None else None
 
     return Demand(
-        prompt_tokens_per_s=totals["prompt_tokens"] / seconds,
+        prompt_tokens_per_s=computed / seconds,
         output_tokens_per_s=totals["generation_tokens"] / seconds,
         mean_prompt_tokens=prompt or DEFAULT_PROMPT_TOKENS,
         mean_output_tokens=output or DEFAULT_OUTPUT_TOKENS,
@@ -111,7 +113,7 @@ def tick(client=None, now: float | None = None) -> dict[str, dict]:
     decisions = {}
     for auto in Autoscaling.objects.filter(enabled=True).select_related("deployment"):
         slug = auto.deployment.slug
-        points = history(client, slug, max(int(seconds), 1))
+        points = [p for p in history(client, slug) if p["t"] > now - seconds]  # this interval's
         try:
             decision = step(auto, demand_of(totals.get(slug), seconds, points, auto.recommendation.get("demand")))
         except Exception:  # one deployment's trouble must not stop the others' autoscaling
@@ -129,14 +131,20 @@ def step(auto: Autoscaling, demand: Demand | None) -> Decision | None:
     dep = auto.deployment
     if demand is None or dep.desired_state != Deployment.DesiredState.RUNNING:
         return None
-    last = auto.recommendation.get("demand")
-    previous = Demand(**last) if last else None
+    if dep.mode != Deployment.Mode.COLOCATED:  # changed to disaggregated after autoscaling was enabled
+        return None
+    last = auto.recommendation
+    previous = Demand(**last["demand"]) if last.get("demand") else None
     settings = settings_of(auto)
     kv_tokens = _kv_tokens(dep)
     cap = capacity(profile_of(auto), settings, demand, dep.max_num_seqs, kv_tokens)
     since = (timezone.now() - auto.last_change_at).total_seconds() if auto.last_change_at else None
-    decision = decide(settings, dep.replicas, demand, previous, cap, changing=change_in_progress(dep),
+    changing = change_in_progress(dep)
+    # The interval after a change settles measured (part of it) the old replica count: skip it.
+    settling = not changing and bool(last.get("unsettled"))
+    decision = decide(settings, dep.replicas, demand, previous, cap, changing=changing, settling=settling,
                       since_change=since, room=room_for(dep))  # fmt: skip
+    changed = decision.replicas != dep.replicas
     auto.recommendation = {
         "at": timezone.now().isoformat(),
         "mode": auto.mode,
@@ -144,14 +152,17 @@ def step(auto: Autoscaling, demand: Demand | None) -> Decision | None:
         "decision": decision.as_dict(),
         "demand": asdict(demand),
         "capacity": asdict(cap),
+        "profile": profile_of(auto).source[:80],
+        "unsettled": bool(changing) or (changed and auto.mode == Autoscaling.Mode.ACTIVE),
     }
-    changed = decision.replicas != dep.replicas
-    if changed:
+    # An event per change (per new recommendation in advisory mode, not one every interval).
+    recommended_before = (last.get("decision") or {}).get("replicas")
+    if changed and (auto.mode == Autoscaling.Mode.ACTIVE or decision.replicas != recommended_before):
         verb = "autoscaling.scaled" if auto.mode == Autoscaling.Mode.ACTIVE else "autoscaling.recommended"
         record_event(verb, dep, actor_label="autoscaler", data={"from": dep.replicas, **auto.recommendation})
+        auto.last_change_at = timezone.now()  # the cooldown, in advisory mode too: it recommends what active would do
     if changed and auto.mode == Autoscaling.Mode.ACTIVE:
         deployments.update_deployment(dep, {"replicas": decision.replicas})
-        auto.last_change_at = timezone.now()
     auto.save(update_fields=["recommendation", "last_change_at", "updated_at"])
     return decision
 

@@ -28,7 +28,7 @@ HISTORY_SECONDS = 900
 GROUP = "metrics"
 PREVIOUS_KEY = "switchyard:telemetry:previous"
 COUNTERS = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "spec_drafts", "spec_accepted",
-            "prompt_tokens", "requests_finished")  # fmt: skip
+            "prompt_tokens", "cached_prompt_tokens", "requests_finished")  # fmt: skip
 HISTOGRAMS = {"ttft": "ttft_seconds", "itl": "itl_seconds"}
 
 
@@ -62,6 +62,7 @@ def replica_counters(metrics: dict, load: dict) -> dict:
         "spec_drafts": spec.get("num_drafts", 0),
         "spec_accepted": sum(spec.get("accepted_per_position") or []),
         "prompt_tokens": metrics.get("prompt_tokens", 0),
+        "cached_prompt_tokens": metrics.get("cached_prompt_tokens", 0),
         "requests_finished": metrics.get("requests_finished", 0),
     }
     for name, key in HISTOGRAMS.items():

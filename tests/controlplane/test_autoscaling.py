@@ -40,6 +40,8 @@ def test_capacity_is_the_batch_that_meets_the_itl_slo_and_the_prefill_share():
     assert cap.decode_batch == 4
     assert cap.decode_tokens_per_s == pytest.approx(4 / (0.02 + 4 * 0.0065))
     assert cap.prefill_tokens_per_s == pytest.approx(0.8 * 500 / (0.01 + 1e-4 * 500))
+    unreachable = capacity(profile, Settings(**{**RULE.__dict__, "itl_p90_ms": 15}), demand(), 64, 1 << 30)
+    assert unreachable.decode_batch == 1  # an SLO below one step: a tighter SLO never means more capacity
     small = capacity(profile, RULE, demand(), max_num_seqs=2, kv_tokens=1 << 30)
     assert small.decode_batch == 2  # max_num_seqs bounds it
     assert capacity(profile, RULE, demand(), max_num_seqs=64, kv_tokens=1200).decode_batch == 2  # and the KV cache
@@ -88,6 +90,12 @@ def test_no_decision_while_a_change_is_in_progress():
     assert (decision.action, decision.rule, decision.replicas) == ("hold", "change_in_progress", 2)
 
 
+def test_the_interval_after_a_change_settles_is_not_judged():
+    """It measured the old replica count (a queue built before the new replicas were ready)."""
+    decision = decide(RULE, 3, demand(0, 900, waiting=5), None, CAP, settling=True)
+    assert (decision.action, decision.rule, decision.replicas) == ("hold", "settling", 3)
+
+
 def test_bounds_min_max_and_the_room_on_the_nodes():
     rule = Settings(**{**RULE.__dict__, "min_replicas": 2, "max_replicas": 4})
     assert decide(rule, 4, demand(0, 900), None, CAP).rule == "bounds"  # 9 needed, max 4
@@ -116,12 +124,12 @@ def deployment(db):
     return dep, replica
 
 
-def heartbeat(replica: Replica, finished: int, prompt: int, generated: int, waiting: int = 0) -> None:
+def heartbeat(replica: Replica, finished: int, prompt: int, generated: int, waiting: int = 0, cached: int = 0) -> None:
     """What a replica writes to its status hash each heartbeat (workers/replica/server.py)."""
     histogram = {"buckets": [0.01, 0.1, 1.0], "counts": [finished, 0, 0, 0]}
     metrics = {"deployment": replica.deployment.slug, "role": "colocated", "requests_finished": finished,
-               "prompt_tokens": prompt, "generation_tokens": generated, "ttft_seconds": histogram,
-               "itl_seconds": histogram}  # fmt: skip
+               "prompt_tokens": prompt, "cached_prompt_tokens": cached, "generation_tokens": generated,
+               "ttft_seconds": histogram, "itl_seconds": histogram}  # fmt: skip
     load = {"role": "colocated", "running": 1, "waiting": waiting, "kv_blocks_total": 1000, "kv_blocks_free": 900}
     status = ReplicaStatus("ready", time.time(), "inc-1", load=load, endpoint={}, metrics=metrics)
     redis_client.client().hset(protocol.status_key(replica.pk), mapping=status.to_hash())
@@ -143,11 +151,13 @@ def test_an_interval_of_heavy_load_scales_up_in_active_mode_and_only_recommends_
     Autoscaling.objects.create(deployment=dep, enabled=True, mode=mode, max_replicas=3, itl_p90_ms=50)
     heartbeat(replica, finished=0, prompt=0, generated=0)
     assert services.tick(now=1000.0) == {}  # the first tick only starts the interval
-    heartbeat(replica, finished=100, prompt=100 * 400, generated=100 * 50, waiting=6)
+    heartbeat(replica, finished=100, prompt=100 * 400, generated=100 * 50, waiting=6, cached=100 * 100)
     decisions = services.tick(now=1010.0)
     assert decisions["auto"]["action"] == "up" and decisions["auto"]["rule"] == "burst"
     auto = Autoscaling.objects.get(deployment=dep)
-    assert auto.recommendation["demand"]["prompt_tokens_per_s"] == pytest.approx(4000)
+    # 400-token prompts of which 100 came from the prefix cache: 300 computed each
+    assert auto.recommendation["demand"]["prompt_tokens_per_s"] == pytest.approx(3000)
+    assert auto.recommendation["demand"]["mean_prompt_tokens"] == pytest.approx(300)
     assert auto.recommendation["demand"]["mean_output_tokens"] == pytest.approx(50)
     dep.refresh_from_db()
     events = Event.objects.filter(verb__startswith="autoscaling.")
@@ -155,20 +165,32 @@ def test_an_interval_of_heavy_load_scales_up_in_active_mode_and_only_recommends_
         assert dep.replicas == decisions["auto"]["replicas"] > 1 and auto.last_change_at is not None
         assert [e.verb for e in events] == ["autoscaling.scaled"]
     else:
-        assert dep.replicas == 1 and auto.last_change_at is None  # nothing changed
+        assert dep.replicas == 1  # nothing changed; last_change_at times the cooldown of what it recommends
         assert [e.verb for e in events] == ["autoscaling.recommended"]
-    assert events[0].data["decision"]["reason"] and events[0].data["demand"]["waiting"] >= 0
+    assert "requests waiting" in events[0].data["decision"]["reason"] and events[0].data["demand"]["waiting"] == 6
+    heartbeat(replica, finished=200, prompt=200 * 400, generated=200 * 50, waiting=6, cached=200 * 100)
+    services.tick(now=1020.0)
+    if mode == "advisory":  # the same recommendation again: no second event
+        assert Event.objects.filter(verb__startswith="autoscaling.").count() == 1
+    else:  # the new replicas are on their way: no decision
+        assert Autoscaling.objects.get().recommendation["decision"]["rule"] == "change_in_progress"
 
 
-def test_a_deployment_without_autoscaling_or_stopped_is_left_alone(deployment, clean_redis):
+@pytest.mark.parametrize("how", ["disabled", "stopped", "disaggregated"])
+def test_a_deployment_without_autoscaling_stopped_or_no_longer_colocated_is_left_alone(deployment, clean_redis, how):
     dep, replica = deployment
-    Autoscaling.objects.create(deployment=dep, enabled=False)
+    Autoscaling.objects.create(deployment=dep, enabled=how != "disabled", mode="active")
+    if how == "stopped":
+        dep.desired_state = Deployment.DesiredState.STOPPED
+    if how == "disaggregated":  # changed after autoscaling was enabled
+        dep.mode = Deployment.Mode.DISAGGREGATED
+    dep.save()
     heartbeat(replica, 0, 0, 0)
     services.tick(now=1000.0)
     heartbeat(replica, 100, 40000, 5000, waiting=6)
     assert services.tick(now=1010.0) == {}
     dep.refresh_from_db()
-    assert dep.replicas == 1
+    assert dep.replicas == 1 and not Event.objects.filter(verb__startswith="autoscaling.").exists()
 
 
 # -- the API ------------------------------------------------------------------------------------
@@ -185,6 +207,7 @@ def test_the_api_shows_defaults_takes_settings_and_refuses_what_cannot_work(staf
     bad = staff_client.patch(url, {"min_replicas": 9}, format="json")
     assert bad.status_code == 400 and "above max_replicas 6" in str(bad.json())
     assert staff_client.patch(url, {"capacity_profile": "a100"}, format="json").status_code == 400
+    assert staff_client.patch(url, {"min_replicas": 0}, format="json").status_code == 400  # nothing to scale up from
     assert staff_client.patch(url, {"mode": "eager"}, format="json").status_code == 400
     assert user_client.patch(url, {"enabled": False}, format="json").status_code == 403
     assert staff_client.get("/api/v1/deployments/nope/autoscaling/").status_code == 404

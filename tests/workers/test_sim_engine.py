@@ -98,7 +98,8 @@ def test_what_the_sim_cannot_serve_is_refused_clearly():
 def test_step_times_follow_the_profile_within_ten_percent():
     """Each step sleeps until the profile's time for what it computed: the run's measured time
     over the modelled one (both taken by the engine) stays within 10%."""
-    profile = SimProfile(0.004, 2e-5, 0.006, 2e-4, 1e-6, kv_bytes_per_token=2048)
+    # Steps of 10-40 ms: a late wake-up of a millisecond on a busy machine is within the 10%.
+    profile = SimProfile(0.02, 5e-5, 0.01, 2e-4, 1e-6, kv_bytes_per_token=2048)
     sim = engine(profile)
     run(sim, {f"r{i}": (list(range(10, 10 + 30 * (i + 1))), greedy(12)) for i in range(5)})
     assert sim.timing.steps > 10
