@@ -5,6 +5,8 @@ from controlplane.autoscaling.models import Autoscaling
 
 class AutoscalingSerializer(serializers.ModelSerializer):
     deployment = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # null until the settings are first saved (GET shows the defaults of a deployment never configured)
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Autoscaling
