@@ -78,16 +78,12 @@ def demand_of(totals: dict | None, seconds: float, points: list[dict], last: dic
         value = quantile(hist["buckets"], hist["counts"], 0.9) if hist else None
         return round(value * 1000, 3) if value is not None else None
 
-    prompt, output = prompt or DEFAULT_PROMPT_TOKENS, output or DEFAULT_OUTPUT_TOKENS
-    queue = sum(waiting) / len(waiting) if waiting else float(totals["waiting"])
-    # What was served cannot exceed what the replicas could serve: under a queue, demand is what
-    # was served plus the queue's work, to be done within the next interval.
     return Demand(
-        prompt_tokens_per_s=(computed + queue * prompt) / seconds,
-        output_tokens_per_s=(totals["generation_tokens"] + queue * output) / seconds,
-        mean_prompt_tokens=prompt,
-        mean_output_tokens=output,
-        waiting=queue,
+        prompt_tokens_per_s=computed / seconds,
+        output_tokens_per_s=totals["generation_tokens"] / seconds,
+        mean_prompt_tokens=prompt or DEFAULT_PROMPT_TOKENS,
+        mean_output_tokens=output or DEFAULT_OUTPUT_TOKENS,
+        waiting=sum(waiting) / len(waiting) if waiting else float(totals["waiting"]),
         ttft_p90_ms=p90_ms("ttft"),
         itl_p90_ms=p90_ms("itl"),
     )
