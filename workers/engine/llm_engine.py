@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from workers.engine import admission
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig, ModelConfig, parse_dtype
 from workers.engine.errors import RequestError, describe
@@ -177,18 +178,7 @@ class LLMEngine:
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raise RequestError if this engine cannot serve the prompt (empty, unknown token ids,
         no room left to generate). Replicas call it before reserving anything for a request."""
-        if not prompt_token_ids:
-            raise RequestError("the prompt is empty", "prompt")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}", "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise RequestError(
-                f"the prompt is {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
-                "and at least one must be left to generate",
-                "prompt",
-            )
+        admission.check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
 
     def _new_sequence(
         self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, output_token_ids=()
@@ -203,11 +193,7 @@ class LLMEngine:
         return seq
 
     def check_params(self, params: SamplingParams) -> None:
-        """What SamplingParams cannot check alone: logit_bias ids within this vocabulary."""
-        vocab = self.model_config.vocab_size
-        bad = [t for t in params.logit_bias or () if t >= vocab]
-        if bad:
-            raise RequestError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}", "logit_bias")
+        admission.check_params(params, self.model_config.vocab_size)
 
     def check_grammar(self, params: SamplingParams) -> None:
         """Compile the request's grammar now (it is cached for when the request is added), so a
@@ -422,18 +408,8 @@ class LLMEngine:
 
     # -- introspection for metrics ------------------------------------------------------------
     def stats(self) -> dict:
-        bm = self.block_manager
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_free": bm.num_free_blocks,
-            "prefix_cache_queries": bm.queries,
-            "prefix_cache_hits": bm.hits,
-            "preemptions": self.scheduler.num_preemptions,
-            "generated_tokens": self.num_generated_tokens,
-            "request_errors": self.num_request_errors,
-        }
+        return admission.batch_stats(self.scheduler, self.block_manager, self.num_generated_tokens,
+                                     self.num_request_errors)  # fmt: skip
 
     def tier_stats(self) -> dict | None:
         """The KV tiers' counters (tiered_cache.py), or None when there are none."""

@@ -24,6 +24,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.engine import admission
 from workers.engine.block_manager import BlockManager
 from workers.engine.errors import RequestError
 from workers.engine.output_processor import OutputProcessor
@@ -89,17 +90,7 @@ class SimEngine:
             raise RequestError(message, "response_format")
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        if not prompt_token_ids:
-            raise RequestError("the prompt is empty", "prompt")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}", "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise RequestError(
-                f"the prompt is {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
-                "and at least one must be left to generate",
-                "prompt",
-            )
+        admission.check_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
 
     def add_request(
         self,
@@ -116,9 +107,7 @@ class SimEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_grammar(sampling_params)
         self.check_prompt([*prompt_token_ids, *output_token_ids])
-        bad = [t for t in sampling_params.logit_bias or () if t >= self.vocab_size]
-        if bad:
-            raise RequestError(f"logit_bias token ids out of range [0, {self.vocab_size}): {bad[:5]}", "logit_bias")
+        admission.check_params(sampling_params, self.vocab_size)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
         seq.session_turn = session_turn
         self.output.attach(seq)
@@ -204,18 +193,7 @@ class SimEngine:
         return self.block_manager.take_kv_snapshot()
 
     def stats(self) -> dict:
-        bm = self.block_manager
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_free": bm.num_free_blocks,
-            "prefix_cache_queries": bm.queries,
-            "prefix_cache_hits": bm.hits,
-            "preemptions": self.scheduler.num_preemptions,
-            "generated_tokens": self.num_generated_tokens,
-            "request_errors": 0,
-        }
+        return admission.batch_stats(self.scheduler, self.block_manager, self.num_generated_tokens, 0)
 
     def tier_stats(self) -> None:
         return None
