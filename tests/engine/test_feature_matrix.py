@@ -26,6 +26,7 @@ from tests.engine.test_speculative_decode import NGRAM
 from workers.engine import LLM, SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
+from workers.protocol.replica import DEFAULT_SHARE, Share
 
 DIMENSIONS = {
     "speculation": ["none", "ngram", "eagle3", "auto"],
@@ -42,6 +43,8 @@ DIMENSIONS = {
     "tp": ["1", "2"],
     "preemption": ["off", "forced"],
     "resumed": ["off", "on"],
+    # "mixed": each request of the batch has its own priority and tenant (scheduler.py)
+    "share": ["plain", "mixed"],
 }
 # Pairs left out: what the engine refuses by design (a 400 at the gateway or at deployment
 # creation), and one pair that needs processes, covered by tests/integration/test_pd_parallel.py
@@ -102,7 +105,9 @@ CASES = sorted(all_pairs(DIMENSIONS), key=lambda c: (c["tp"], c["speculation"]))
 
 
 def case_id(case: dict) -> str:
-    return "-".join(f"{k}={v}" for k, v in case.items() if v not in ("none", "off", "1", "colocated", "greedy"))
+    return "-".join(
+        f"{k}={v}" for k, v in case.items() if v not in ("none", "off", "1", "colocated", "greedy", "plain")
+    )
 
 
 def params_of(case: dict, tokenizer) -> SamplingParams:
@@ -201,11 +206,13 @@ def drive(engine: LLMEngine, out: Outputs, preempt: bool = False) -> None:
         assert steps < 2000, "the engine does not finish"
 
 
-def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], params: SamplingParams):
+def handoff(
+    prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], params: SamplingParams, share=DEFAULT_SHARE
+):
     """A disaggregated request: the prefill engine computes the prompt and the first token (as
     a prefill replica runs it: n=1, max_tokens=1), its KV is copied into blocks the decode
     engine reserved (what Mooncake does between replicas), and the decode engine takes over."""
-    prefill.add_request(rid, prompt, dataclasses.replace(params, max_tokens=1, n=1), hold_blocks=True)
+    prefill.add_request(rid, prompt, dataclasses.replace(params, max_tokens=1, n=1), hold_blocks=True, share=share)
     first = None
     while first is None or not first.finished:
         (first,) = [d for d in prefill.step() if d.request_id == rid] or [first]
@@ -216,7 +223,9 @@ def handoff(prefill: LLMEngine, decode: LLMEngine, rid: str, prompt: list[int], 
     decode.runner.kv_cache[:, :, dst] = prefill.runner.kv_cache[:, :, src]
     prefill.release_held(rid)
     lp = first.new_logprobs[0] if first.new_logprobs else None
-    return decode.add_prefilled_request(rid, prompt, params, dst, first.new_token_ids[0], lp, first.num_cached_tokens)
+    return decode.add_prefilled_request(
+        rid, prompt, params, dst, first.new_token_ids[0], lp, first.num_cached_tokens, share=share
+    )
 
 
 def run_case(case: dict, engines: Engines, plain: LLM) -> None:
@@ -227,7 +236,9 @@ def run_case(case: dict, engines: Engines, plain: LLM) -> None:
     out = Outputs()
     resumed = case["resumed"] == "on"
     rids = [f"{case_id(case)}-{i}" for i in range(len(ids))]
-    for rid, prompt, ref in zip(rids, ids, want, strict=True):
+    for i, (rid, prompt, ref) in enumerate(zip(rids, ids, want, strict=True)):
+        # Mixed: the later request is the more urgent, of another tenant, so it goes first.
+        share = Share(priority=-i, tenant=f"tenant-{i}", weight=1.0 + i) if case["share"] == "mixed" else DEFAULT_SHARE
         if resumed:  # the first tokens came from a replica that died; their text was sent
             head = ref.outputs[0]
             done = head.token_ids[:RESUME_AFTER]
@@ -236,12 +247,12 @@ def run_case(case: dict, engines: Engines, plain: LLM) -> None:
                 out.finish[(rid, 0)] = (head.finish_reason, head.stop_reason)
                 continue
             out.tokens[(rid, 0)] = list(done)  # none of their text was sent: it all comes from here
-            engine.add_request(rid, prompt, params, output_token_ids=done, emitted_text_len=0)
+            engine.add_request(rid, prompt, params, output_token_ids=done, emitted_text_len=0, share=share)
         elif case["mode"] == "disaggregated":
             prefill = engines.get("none", case["tiers"], case["tp"], role="prefill")
-            out.add([handoff(prefill, engine, rid, prompt, params)])
+            out.add([handoff(prefill, engine, rid, prompt, params, share)])
         else:
-            engine.add_request(rid, prompt, params)
+            engine.add_request(rid, prompt, params, share=share)
     drive(engine, out, preempt=case["preemption"] == "forced")
     for rid, ref in zip(rids, want, strict=True):
         for sample in ref.outputs:

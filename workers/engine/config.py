@@ -264,6 +264,9 @@ class EngineConfig:
     kv_cache_bytes: int = 1 << 30
     num_kv_blocks: int | None = None  # overrides the budget (tests force preemption with it)
     seed: int = 0
+    # Within a priority, admit the tenant that got the least service first (fair_share.py);
+    # False: first come, first served.
+    fair_share: bool = True
     # vLLM's spelling, e.g. {"method": "ngram", "num_speculative_tokens": 3}; speculative/config.py.
     speculative_config: dict | None = None
     # KV tiers behind the device cache, e.g. {"dram_bytes": 1 << 30}; tiered_cache.KVTierConfig.

@@ -32,6 +32,7 @@ from workers.engine.speculative import SpeculativeConfig, make_speculator
 from workers.engine.structured import Grammars, grammar_state
 from workers.engine.tiered_cache import KVTierConfig, TieredCache
 from workers.protocol.model_files import read_config, served_context
+from workers.protocol.replica import DEFAULT_SHARE, Share
 from workers.protocol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class LLMEngine:
             layout = {**self.kv_layout(), "model": weights_identity(config.model)}
             self.tiers = TieredCache(tier_config, self.executor.kv_cache, layout, config.block_size)
             self.block_manager.on_evict = self.tiers.on_evict
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.tiers)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.tiers, config.fair_share
+        )
         self.sampler = Sampler(config.seed)
         # Structured output: grammars compiled for this vocabulary (needs the tokenizer).
         self.grammars = (
@@ -155,11 +158,13 @@ class LLMEngine:
         output_token_ids: list[int] = (),
         emitted_text_len: int = 0,
         session_turn: bool = False,
+        share: Share = DEFAULT_SHARE,
     ) -> Sequence:
         """Queue a request. `hold_blocks`: when it finishes, keep its KV blocks until
         `release_held(request_id)` (a prefill replica sends them to a decode replica first).
         `session_turn`: the request is a turn of a session (the caller sent a session key), so
-        its context is worth sharing through the KV store (tiered_cache.py).
+        its context is worth sharing through the KV store (tiered_cache.py). `share`: its
+        priority and tenant (scheduler.py).
 
         Resuming a request another engine started: `output_token_ids` are the tokens it already
         generated and `emitted_text_len` how many characters of their text were already
@@ -170,6 +175,7 @@ class LLMEngine:
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params, output_token_ids)
         seq.hold_blocks = hold_blocks
         seq.session_turn = session_turn
+        seq.share = share
         self.output.replay(seq, emitted_text_len)  # a resumed request's text so far (none: nothing)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -223,6 +229,7 @@ class LLMEngine:
         first_logprobs: dict[int, float] | None = None,
         num_cached_tokens: int = 0,
         session_turn: bool = False,
+        share: Share = DEFAULT_SHARE,
     ) -> RequestDelta:
         """Admit a request whose prompt K/V another replica wrote into `block_ids` (from
         `reserve_blocks`) and which sampled `first_token`; returns that token's delta. The
@@ -231,6 +238,7 @@ class LLMEngine:
         sample their own first tokens."""
         seq = self._new_sequence(request_id, prompt_token_ids, sampling_params)
         seq.session_turn = session_turn  # the whole turn, output included, goes to the KV store
+        seq.share = share
         if len(block_ids) != self.block_manager.blocks_needed(len(prompt_token_ids)):
             raise RequestError(f"{len(block_ids)} blocks do not hold a prompt of {len(prompt_token_ids)} tokens")
         seq.block_table = list(block_ids)

@@ -63,6 +63,7 @@ def fork(parent: Sequence, block_manager: BlockManager) -> list[Sequence]:
         child.samples = parent.samples
         child.arrival_time = parent.arrival_time
         child.session_turn = parent.session_turn
+        child.share = parent.share
         child.num_cached_tokens = parent.num_cached_tokens
         block_manager.share_prefix(parent, child, shared)
         children.append(child)

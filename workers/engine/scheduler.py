@@ -1,28 +1,36 @@
 """Continuous batching: every step picks which sequences run and how many tokens each computes.
 
 Policy, per step, under a token budget (`max_num_batched_tokens`):
-1. Running sequences first, oldest first: a decoding sequence computes one token; one still
-   prefilling (a long prompt, or a preempted sequence recomputing) computes the next chunk.
-   When the KV cache cannot grow, the youngest running sequence is preempted: its blocks are
-   freed and it goes back to the front of the queue to be recomputed later.
+1. Running sequences first, most urgent priority first and oldest first within one: a decoding
+   sequence computes one token; one still prefilling (a long prompt, or a preempted sequence
+   recomputing) computes the next chunk. When the KV cache cannot grow, the least urgent running
+   sequence (the youngest among equals) is preempted: its blocks are freed and it goes back to
+   the queue to be recomputed later.
    Speculative drafts then extend decoding sequences with the budget and blocks left (a draft
    never causes a preemption).
-2. Then waiting sequences join, oldest first, while the budget, the sequence limit and free
-   blocks allow; each reuses its cached prefix and prefills in chunks. With KV tiers, a
-   sequence whose prefix continues in a tier is admitted once that load is done (the ones
-   behind it go first meanwhile), with the loaded blocks as part of its prefix. A forked
-   sample (parallel_sampling.py) waits at the front with its shared prompt blocks and only
-   needs room for the rest.
+2. Then waiting sequences join while the budget, the sequence limit and free blocks allow: by
+   priority (lower first, vLLM's `priority`), then, with fair sharing, the tenant that got the
+   least service so far (fair_share.py), then in queue order. A waiting sequence that finds no
+   room preempts running sequences of a less urgent priority, never of its own. Each reuses its
+   cached prefix and prefills in chunks. With KV tiers, a sequence whose prefix continues in a
+   tier is admitted once that load is done (the ones behind it go first meanwhile), with the
+   loaded blocks as part of its prefix. A forked sample (parallel_sampling.py) waits at the front
+   of its tenant's queue with its shared prompt blocks and only needs room for the rest.
+
+Priorities and fair sharing change which request runs when, never what it computes: a preempted
+sequence is recomputed to the same state.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.fair_share import FairShare
 from workers.engine.no_tiers import NoTiers
 from workers.engine.sequence import Sequence, SequenceStatus
 
@@ -66,7 +74,9 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         tiers: TieredCache | NoTiers | None = None,
+        fair_share: bool = True,
     ):
+        """`fair_share`: admit by tenant (fair_share.py) within a priority; else first come, first served."""
         self.block_manager = block_manager
         self.tiers = tiers if tiers is not None else NoTiers()
         self.max_num_seqs = max_num_seqs
@@ -74,9 +84,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.fair = FairShare(fair_share)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self.fair.arrive(seq)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -85,6 +97,8 @@ class Scheduler:
     def finish(self, seq: Sequence, free_blocks: bool = True) -> None:
         """Drop a finished or aborted sequence and release its blocks (unless the caller keeps
         them, as a prefill replica does until they are sent)."""
+        if seq.status is not SequenceStatus.FINISHED:
+            self.fair.leave(seq)
         seq.status = SequenceStatus.FINISHED
         if seq in self.running:
             self.running.remove(seq)
@@ -99,11 +113,13 @@ class Scheduler:
         """Forked samples (parallel_sampling.py) go first in the queue, in index order."""
         for seq in reversed(seqs):
             seq.status = SequenceStatus.WAITING
+            self.fair.arrive(seq)
             self.waiting.appendleft(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """Admit a sequence whose prompt K/V is already in its blocks (computed elsewhere)."""
         seq.status = SequenceStatus.RUNNING
+        self.fair.arrive(seq)
         self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
@@ -122,6 +138,9 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
         bm = self.block_manager
+        self.running.sort(key=_priority)  # stable: arrival order within a priority
+        for seq in self.running:
+            self.fair.charge_output(seq)
 
         for seq in list(self.running):
             if seq not in self.running:  # preempted earlier in this loop
@@ -142,17 +161,20 @@ class Scheduler:
         if drafts:
             budget = self._add_drafts(scheduled, drafts, budget)
 
-        for seq in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.max_num_seqs or preempted:
+        pressed = bool(preempted)  # the running ones did not fit: admit nobody
+        for seq in self._admission_order():
+            if budget <= 0 or pressed:
                 break
             forked = bool(seq.block_table)  # a forked sample: its prompt blocks are shared already
-            if forked:
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                cached = seq.num_computed_tokens if bm.ensure_slots(seq, n) else None
-            elif self.tiers.ready(seq, bm):
-                cached = bm.allocate(seq, budget, self.tiers.loaded_blocks(seq), self.tiers.write_block)
-            else:
+            if not (forked or self.tiers.ready(seq, bm)):
                 continue  # its blocks are loading from a tier
+            cached = self._allocate(seq, forked, budget)
+            while cached is None:  # no room: make some from less urgent priorities, if any run
+                freed = self._preempt_for(seq, scheduled, preempted)
+                if freed is None:
+                    break
+                budget += freed
+                cached = self._allocate(seq, forked, budget)
             if cached is None:
                 break
             self.waiting.remove(seq)
@@ -160,6 +182,7 @@ class Scheduler:
                 self.tiers.admitted(seq)
             if seq.num_preemptions == 0 and not forked:  # its first admission (a resumed one may have output)
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
+                self.fair.charge_prompt(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -169,6 +192,48 @@ class Scheduler:
         prefills = [s for s in scheduled if s.num_tokens > 1]
         decodes = [s for s in scheduled if s.num_tokens == 1]
         return SchedulerOutput(prefills, decodes, preempted)
+
+    def _allocate(self, seq: Sequence, forked: bool, budget: int) -> int | None:
+        """Room for `seq`'s next chunk, within the sequence limit: the tokens its caches cover,
+        or None (nothing changed)."""
+        if len(self.running) >= self.max_num_seqs:
+            return None
+        bm = self.block_manager
+        if forked:
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            return seq.num_computed_tokens if bm.ensure_slots(seq, n) else None
+        return bm.allocate(seq, budget, self.tiers.loaded_blocks(seq), self.tiers.write_block)
+
+    def _admission_order(self) -> Iterator[Sequence]:
+        """The waiting sequences in the order they may join: by priority, then (fair sharing)
+        the tenant with the smallest counter, each tenant's own in queue order. A generator, so
+        each pick reads the counters as the admissions before it charged them."""
+        fair = self.fair.enabled
+        groups: dict[tuple[int, str], deque[Sequence]] = {}
+        for seq in self.waiting:
+            groups.setdefault((seq.share.priority, seq.share.tenant if fair else ""), deque()).append(seq)
+        while groups:
+            # Ties keep the order in which the groups first appear in the queue.
+            key = min(groups, key=lambda k: (k[0], self.fair.counter(k[1]))) if len(groups) > 1 else next(iter(groups))
+            queue = groups[key]
+            yield queue.popleft()
+            if not queue:
+                del groups[key]
+
+    def _preempt_for(self, seq: Sequence, scheduled: list[ScheduledSeq], preempted: list[Sequence]) -> int | None:
+        """Preempt the least urgent running sequence (the youngest among equals) if it is less
+        urgent than the waiting `seq`; returns the budget it held this step, or None if no
+        running sequence is less urgent."""
+        victims = [s for s in reversed(self.running) if s.share.priority > seq.share.priority]
+        if not victims:
+            return None
+        victim = max(victims, key=_priority)  # the first of the largest: the youngest
+        item = next((item for item in scheduled if item.seq is victim), None)
+        if item is not None:
+            scheduled.remove(item)
+        self._preempt(victim)
+        preempted.append(victim)
+        return item.num_tokens if item is not None else 0
 
     def _add_drafts(self, scheduled: list[ScheduledSeq], drafts: dict[Sequence, list[int]], budget: int) -> int:
         bm = self.block_manager
@@ -185,3 +250,7 @@ class Scheduler:
                 item.draft_token_ids = list(draft)
                 budget -= len(draft)
         return budget
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.share.priority

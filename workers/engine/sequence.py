@@ -7,6 +7,7 @@ import time
 
 from workers.engine.sampling_params import SamplingParams
 from workers.protocol.kv_blocks import chain_hash
+from workers.protocol.replica import DEFAULT_SHARE
 
 
 class SequenceStatus(enum.Enum):
@@ -47,6 +48,8 @@ class Sequence:
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
         self.session_turn = False  # a turn of a session: its context starts the next turn's prompt
+        self.share = DEFAULT_SHARE  # its priority and tenant (scheduler.py, fair_share.py)
+        self.charged_output = 0  # generated tokens fair_share.py has counted
         # Structured output (structured.GrammarState): the grammar state after the output so far.
         self.grammar = None
         # Speculation's backoff (speculative/backoff.py): draft runs in a row that accepted nothing, and

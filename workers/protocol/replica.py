@@ -127,6 +127,39 @@ SAMPLING_NAMES = frozenset(f.name for f in fields(WireSamplingParams))
 
 # -- gateway -> replica ----------------------------------------------------------------------
 
+# Priorities, lower first (vLLM's `priority`): clients may ask within +-PRIORITY_LIMIT; batch
+# lines run below anything a client can ask.
+PRIORITY_LIMIT = 100
+BATCH_PRIORITY = 1000
+MAX_TENANT_WEIGHT = 1000.0
+
+
+@dataclass(frozen=True)
+class Share(Wire):
+    """How the engine weighs a request against the others it holds: its `priority` (lower runs
+    first, and preempts higher), the `tenant` it is served for (the API key's owner) and that
+    tenant's `weight` (its share of the engine relative to the others, see scheduler.py)."""
+
+    priority: int = 0
+    tenant: str = ""
+    weight: float = 1.0
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Share:
+        if not isinstance(data, dict):
+            raise MessageError("share must be an object", "share")
+        priority, tenant, weight = data.get("priority", 0), data.get("tenant", ""), data.get("weight", 1.0)
+        if type(priority) is not int or not -BATCH_PRIORITY <= priority <= BATCH_PRIORITY:
+            raise MessageError(f"priority must be an integer in [-{BATCH_PRIORITY}, {BATCH_PRIORITY}]", "priority")
+        if not isinstance(tenant, str) or len(tenant) > 200:
+            raise MessageError("share.tenant must be a string of at most 200 characters", "share")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_TENANT_WEIGHT:
+            raise MessageError(f"share.weight must be a number in (0, {MAX_TENANT_WEIGHT:g}]", "share")
+        return cls(priority, tenant, float(weight))
+
+
+DEFAULT_SHARE = Share()  # priority 0, no tenant
+
 
 @dataclass
 class Resume(Wire):
@@ -174,6 +207,7 @@ class GenerateMessage(Wire):
     # The client gave a session key (header, `prompt_cache_key`, the websocket's `session`): the
     # next turn will start with this one's context, so the replica shares its KV through the store.
     session_turn: bool = False
+    share: Share = DEFAULT_SHARE
     version: int = VERSION
 
     @property
@@ -195,6 +229,8 @@ class GenerateMessage(Wire):
             out["resume"] = self.resume.to_wire()
         if self.session_turn:
             out["session_turn"] = True
+        if self.share != DEFAULT_SHARE:
+            out["share"] = self.share.to_wire()
         return out
 
     @classmethod
@@ -220,6 +256,7 @@ class GenerateMessage(Wire):
             return_prompt_token_ids=data.get("return_prompt_token_ids") is True,
             resume=None if resume is None else Resume.from_wire(resume),
             session_turn=data.get("session_turn") is True,
+            share=DEFAULT_SHARE if data.get("share") is None else Share.from_wire(data["share"]),
         )
 
 
@@ -421,11 +458,12 @@ class PrefillMessage(Wire):
     reply_stream: str
     deadline: float
     session_turn: bool = False  # as the request's GenerateMessage said: the prefill replica shares it
+    share: Share = DEFAULT_SHARE  # the request's: the prefill replica queues it by the same rules
     version: int = VERSION
 
     @classmethod
     def from_wire(cls, data: Any) -> PrefillMessage:
-        message = from_wire(cls, data)  # reads `params` as WireSamplingParams
+        message = from_wire(cls, data)  # reads `params` as WireSamplingParams, `share` as Share
         if not isinstance(message.params, WireSamplingParams):  # absent as null: the defaults
             message.params = WireSamplingParams.from_wire(message.params or {})
         return message

@@ -34,6 +34,7 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequence import Sequence
 from workers.protocol.model_files import max_context, model_file, read_config, served_context
+from workers.protocol.replica import DEFAULT_SHARE, Share
 from workers.protocol.tokenizer import Tokenizer
 from workers.sim.profile import SimProfile
 
@@ -51,6 +52,7 @@ class SimConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     kv_cache_bytes: int = 512 << 20
+    fair_share: bool = True  # as EngineConfig's
 
 
 @dataclass
@@ -77,7 +79,9 @@ class SimEngine:
         if self.max_model_len < 2:
             raise RequestError("the KV cache budget is too small to hold a single request; raise it")
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, fair_share=config.fair_share
+        )
         self.output = OutputProcessor(self.tokenizer, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
@@ -101,6 +105,7 @@ class SimEngine:
         output_token_ids: list[int] = (),
         emitted_text_len: int = 0,
         session_turn: bool = False,
+        share: Share = DEFAULT_SHARE,
     ) -> Sequence:
         check_n(sampling_params, hold_blocks, output_token_ids)
         if request_id in self.requests:
@@ -110,6 +115,7 @@ class SimEngine:
         admission.check_params(sampling_params, self.vocab_size)
         seq = Sequence(request_id, prompt_token_ids, sampling_params, self.eos_token_ids, output_token_ids)
         seq.session_turn = session_turn
+        seq.share = share
         self.output.attach(seq)
         self.output.replay(seq, emitted_text_len)
         self.requests[request_id] = seq
