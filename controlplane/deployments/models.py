@@ -99,6 +99,11 @@ class Deployment(models.Model):
     speculative_k = models.PositiveSmallIntegerField(
         default=4, validators=[MinValueValidator(1), MaxValueValidator(16)]
     )
+    fair_share = models.BooleanField(
+        default=True,
+        help_text="within a priority, replicas serve the tenant (API key owner) that got the least service first;"
+        " off: first come, first served",
+    )
     engine = models.CharField(max_length=8, choices=Engine.choices, default=Engine.REAL)
     sim_profile = models.CharField(
         max_length=64, blank=True, default="", help_text="engine sim: a shipped profile's name (empty: cpu-demo)"

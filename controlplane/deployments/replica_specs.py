@@ -33,6 +33,7 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         block_size=policy.block_size if policy else 16,
         enable_prefix_caching=policy.prefix_caching if policy else True,
         max_num_seqs=deployment.max_num_seqs,
+        fair_share=deployment.fair_share,
         max_model_len=deployment.max_model_len,
         kv_transfer_timeout=config["KV_TRANSFER_TIMEOUT"],
         local_prefill_tokens=config["PD_LOCAL_PREFILL_TOKENS"],

@@ -46,6 +46,10 @@ class Caller:
     key: ApiKey | None
     allowed: frozenset[int] | None  # deployment ids; None: all
     label: str
+    # Fair sharing between tenants (workers/engine/fair_share.py): the user served, and the
+    # weight of the key they asked with.
+    tenant: str = ""
+    weight: float = 1.0
 
 
 @sync_to_async
@@ -59,11 +63,11 @@ def caller_from_secret(secret: str | None) -> Caller:
     now = timezone.now()
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:  # a write per minute at most
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return Caller(key, allowed, f"key:{key.prefix}")
+    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight)
 
 
 def caller_from_user(user) -> Caller:
-    return Caller(None, None, f"user:{user.get_username()}")
+    return Caller(None, None, f"user:{user.get_username()}", user.get_username())
 
 
 def secret_from_header(value: str | None) -> str | None:
@@ -369,6 +373,7 @@ async def start(
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
     message.session_turn = session is not None  # its context begins the next turn: worth sharing (KV store)
+    message.share = replace(message.share, tenant=caller.tenant, weight=caller.weight)
     # A request of n > 1 choices is not resumed elsewhere (failover.Progress follows one output):
     # a lost replica ends it with a clean error.
     resumable = failover.enabled() and message.params.n == 1

@@ -1,7 +1,9 @@
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.deployments.models import Deployment
+from workers.protocol.replica import MAX_TENANT_WEIGHT
 
 
 class ApiKey(models.Model):
@@ -17,6 +19,13 @@ class ApiKey(models.Model):
     )
     rpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute; empty: none")
     tpm_limit = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute; empty: none")
+    # Fair sharing (workers/engine/fair_share.py): the owner is the tenant; a request counts its
+    # tokens divided by its key's weight, so a key of weight 2 gets twice a key of weight 1.
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(MAX_TENANT_WEIGHT)],
+        help_text="share of the engines against other tenants' keys under load (default 1)",
+    )
     revoked = models.BooleanField(default=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

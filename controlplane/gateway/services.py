@@ -12,7 +12,7 @@ KEY_PREFIX = "sy-"
 
 @transaction.atomic
 def create_api_key(
-    *, name: str, owner, allowed_deployments=(), rpm_limit=None, tpm_limit=None, actor=None
+    *, name: str, owner, allowed_deployments=(), rpm_limit=None, tpm_limit=None, weight=1.0, actor=None
 ) -> tuple[ApiKey, str]:
     """Returns the key and its secret; the secret is not stored and cannot be shown again."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -23,6 +23,7 @@ def create_api_key(
         hashed_secret=hash_secret(secret),
         rpm_limit=rpm_limit,
         tpm_limit=tpm_limit,
+        weight=weight,
     )
     key.allowed_deployments.set(allowed_deployments)
     record_event("api_key.created", key, actor=actor or owner)

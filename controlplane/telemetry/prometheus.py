@@ -120,6 +120,20 @@ TIERS_SERIES = {
 }  # fmt: skip
 
 
+TENANT_COUNTERS = (
+    ("switchyard_tenant_prompt_tokens_total", "Prompt tokens the replica served per tenant (API key owner)."),
+    ("switchyard_tenant_generation_tokens_total", "Output tokens the replica generated per tenant."),
+)
+
+
+def _tenants(exp: Exposition, labels: dict, tenants: dict) -> None:
+    """What fair sharing counts (workers/engine/fair_share.py), unweighted, labelled `tenant`."""
+    for tenant, served in sorted(tenants.items()):
+        if isinstance(served, list) and len(served) == 2:
+            for (name, help_text), value in zip(TENANT_COUNTERS, served, strict=True):
+                exp.add(name, "counter", help_text, {**labels, "tenant": tenant}, value)
+
+
 def _kv_tiers(exp: Exposition, labels: dict, tiers: dict) -> None:
     for tier, counts in sorted((tiers.get("tiers") or {}).items()):
         for key, (name, kind, help_text) in TIER_SERIES.items():
@@ -292,6 +306,8 @@ def render(redis_client) -> str:
             _kv_tiers(exp, labels, load["kv_tiers"])
         if isinstance(metrics.get("speculative"), dict):  # only replicas that speculate report it
             _speculation(exp, labels, metrics["speculative"])
+        if isinstance(metrics.get("tenants"), dict):
+            _tenants(exp, labels, metrics["tenants"])
     for slug, outcomes in sorted(failover.counts(redis_client).items()):
         for key, (name, help_text) in FAILOVER_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])

@@ -114,7 +114,7 @@ def test_values_that_ask_for_nothing_unbuilt_are_accepted():
         ({"prompt": {"id": "p"}}, "prompt", "unsupported"),
         ({"max_tool_calls": 3}, "max_tool_calls", "unsupported"),
         ({"top_logprobs": 2}, "top_logprobs", "unsupported"),
-        ({"service_tier": "flex"}, "service_tier", "unsupported"),
+        ({"service_tier": "scale"}, "service_tier", "unsupported"),
         ({"prompt_cache_retention": "24h"}, "prompt_cache_retention", "unsupported"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls", "unsupported"),
         ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported"),

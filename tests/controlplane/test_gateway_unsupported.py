@@ -22,7 +22,7 @@ COMPLETION = {"model": "m", "prompt": "hi"}
     ("name", "value"),
     [
         ("parallel_tool_calls", False),
-        ("service_tier", "flex"),
+        ("service_tier", "scale"),
         ("functions", [{"name": "f", "parameters": {}}]),
         ("function_call", "auto"),
         ("audio", {"voice": "alloy", "format": "wav"}),

@@ -72,10 +72,17 @@ def browser(site):
 
 
 @pytest.fixture
-def page(browser, site):
+def answers() -> list[str]:
+    """What the page's next prompt dialogs are answered, in order (then: accepted as they are)."""
+    return []
+
+
+@pytest.fixture
+def page(browser, site, answers):
     context = browser.new_context(base_url=site, viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    page.on("dialog", lambda dialog: dialog.accept())  # the confirmations of actions
+    # The confirmations of actions, and the prompts' answers
+    page.on("dialog", lambda dialog: dialog.accept(answers.pop(0)) if answers else dialog.accept())
     page.goto("/")
     page.get_by_label("Username").fill("operator")
     page.get_by_label("Password").fill("pw-operator-1")
@@ -239,3 +246,21 @@ def test_the_console_shows_a_deployments_kv_tiers_and_their_use(page):
     demo = page.locator('[data-deployment="demo"] [data-testid="tier-hit-rates"]')  # no tiers: the device cache alone
     expect(demo).to_have_text(re.compile(r"^Hit rate by cache: device (\d+%|–)$"))
     shot(page, "overview-tiers")
+
+
+def test_a_keys_fair_share_weight_is_set_at_creation_and_edited(page, answers):
+    page.get_by_role("link", name="API keys", exact=True).click()
+    form = page.get_by_role("form", name="Create a key")
+    form.get_by_label("Name").fill("batch-tenant")
+    form.get_by_label("Weight").fill("0")  # refused by the API: its message shows under the field
+    form.get_by_role("button", name="Create key").click()
+    expect(form.get_by_text("greater than or equal to 0.01")).to_be_visible()
+    form.get_by_label("Weight").fill("3")
+    form.get_by_role("button", name="Create key").click()
+    expect(page.get_by_test_id("secret")).to_be_visible()
+    row = page.get_by_role("row").filter(has_text="batch-tenant")
+    expect(row).to_contain_text("weight 3")
+    answers += ["", "", "0.5"]  # rpm, tpm (no limits), then the weight
+    row.get_by_role("button", name="Edit limits").click()
+    expect(row).to_contain_text("weight 0.5")
+    shot(page, "api-keys-weight")

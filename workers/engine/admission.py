@@ -43,4 +43,6 @@ def batch_stats(scheduler: Scheduler, bm: BlockManager, generated_tokens: int, r
         "preemptions": scheduler.num_preemptions,
         "generated_tokens": generated_tokens,
         "request_errors": request_errors,
+        # tenant -> [prompt tokens, generated tokens] served (fair_share.py)
+        "tenants": {tenant: list(served) for tenant, served in scheduler.fair.served.items()},
     }

@@ -729,6 +729,7 @@ class ReplicaSpec(Wire):
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048  # per-step token budget: the prefill chunk size
+    fair_share: bool = True  # EngineConfig.fair_share: admit by tenant within a priority
     max_model_len: int | None = None
     kv_cache_bytes: int = 512 << 20
     threads: int = 0  # torch threads on CPU; 0 keeps torch's default

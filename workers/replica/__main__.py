@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_model_len=spec.max_model_len,
         enable_prefix_caching=spec.enable_prefix_caching,
+        fair_share=spec.fair_share,
         kv_cache_bytes=spec.kv_cache_bytes,
         speculative_config=spec.speculative.engine_config() if spec.speculative else None,
         kv_tiers=spec.kv_tiers.engine_config() if spec.kv_tiers else None,
@@ -104,7 +105,7 @@ def serve_simulated(spec: ReplicaSpec, profile_name: str | None, log: logging.Lo
             model=spec.model, profile=profile, block_size=spec.block_size,
             enable_prefix_caching=spec.enable_prefix_caching, max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
-            kv_cache_bytes=spec.kv_cache_bytes,
+            kv_cache_bytes=spec.kv_cache_bytes, fair_share=spec.fair_share,
         ))  # fmt: skip
     except (ProfileError, RequestError, OSError, ValueError) as exc:
         log.error("cannot simulate %s: %s", spec.model, exc)

@@ -33,10 +33,12 @@ from workers.kvtransfer.layout import ranks_mismatch
 from workers.kvtransfer.mooncake import Transfer
 from workers.protocol import replica as protocol
 from workers.protocol.replica import (
+    DEFAULT_SHARE,
     HANDOFF_MESSAGES,
     PrefilledMessage,
     PrefillFailedMessage,
     PrefillMessage,
+    Share,
     WireSamplingParams,
 )
 from workers.protocol.wire import ProtocolError
@@ -55,6 +57,7 @@ class Handoff:
     deadline: float
     prefill_replica: int
     session_turn: bool = False
+    share: Share = DEFAULT_SHARE
     aborted: bool = False
 
 
@@ -136,19 +139,20 @@ class Disaggregation:
 
     # -- decode side --------------------------------------------------------------------------
     def start_handoff(self, rid: str, prompt_ids: list[int], params: WireSamplingParams, prefill_replica: int,
-                      session_turn: bool = False) -> bool:  # fmt: skip
+                      session_turn: bool = False, share: Share = DEFAULT_SHARE) -> bool:  # fmt: skip
         """Reserve blocks and ask the prefill replica; False if this replica must prefill itself.
         `params` were checked by the caller (ReplicaServer._admit builds SamplingParams first);
-        `session_turn` goes with the prompt to whichever replica computes it (its KV tiers share it)."""
+        `session_turn` goes with the prompt to whichever replica computes it (its KV tiers share it),
+        and so does `share` (its priority and tenant: both engines queue it by them)."""
         self.engine.check_prompt(prompt_ids)  # a bad prompt fails here, before anything is reserved
         blocks = self.engine.reserve_blocks(len(prompt_ids))
         if blocks is None:
             self._count_fallback("no free KV blocks to reserve")
             return False
         deadline = time.time() + self.timeout
-        self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica, session_turn)
+        self.waiting[rid] = Handoff(prompt_ids, params, blocks, deadline, prefill_replica, session_turn, share)
         message = PrefillMessage(
-            rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline, session_turn
+            rid, prompt_ids, params, self.endpoint(), blocks, self.server.stream, deadline, session_turn, share
         )
         self._send(protocol.requests_key(prefill_replica), message)
         return True
@@ -175,6 +179,7 @@ class Disaggregation:
             logprobs,
             int(message.cached_tokens),
             session_turn=handoff.session_turn,
+            share=handoff.share,
         )
         req = self.server.inflight.get(rid)
         if req is not None:
@@ -234,8 +239,9 @@ class Disaggregation:
         if req is not None:
             req.meta["fallback"] = reason
         try:
+            params = SamplingParams.from_wire(handoff.params)
             self.engine.add_request(
-                rid, handoff.prompt_ids, SamplingParams.from_wire(handoff.params), session_turn=handoff.session_turn
+                rid, handoff.prompt_ids, params, session_turn=handoff.session_turn, share=handoff.share
             )
         except RequestError as exc:  # cannot happen for a request that was accepted; be safe
             self.server.fail(rid, str(exc))
@@ -258,8 +264,9 @@ class Disaggregation:
                 params = SamplingParams.from_wire(replace(message.params, max_tokens=1, n=1))
                 prompt = [int(t) for t in message.prompt_token_ids]
                 self.engine.add_request(
-                    rid, prompt, params, hold_blocks=True, session_turn=message.session_turn is True
-                )
+                    rid, prompt, params, hold_blocks=True, session_turn=message.session_turn is True,
+                    share=message.share if isinstance(message.share, Share) else DEFAULT_SHARE,
+                )  # fmt: skip
             except (RequestError, KeyError, TypeError, ValueError) as exc:
                 problem = f"cannot prefill: {exc}"
         if problem is not None:

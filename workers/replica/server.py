@@ -227,13 +227,12 @@ class ReplicaServer:
             prefill = message.prefill_replica
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
-            turn = message.session_turn
+            turn, share = message.session_turn, message.share
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             if not (self.disagg and prefill is not None
-                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn)):  # fmt: skip
-                self.engine.add_request(
-                    rid, prompt_ids, params, output_token_ids=output_ids, emitted_text_len=text_sent, session_turn=turn
-                )
+                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn, share)):  # fmt: skip
+                self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
+                                        emitted_text_len=text_sent, session_turn=turn, share=share)  # fmt: skip
         except (RequestError, MessageError) as exc:
             # The engine names prompt problems `prompt`; a chat request sent `messages`.
             param = "messages" if exc.param == "prompt" and chat else exc.param
@@ -476,6 +475,8 @@ class ReplicaServer:
             load["kv_transfer"] = self.disagg.stats.as_dict()
             endpoint["kv_session"] = self.disagg.kv.session
         metrics = {"deployment": self.spec.deployment, "role": self.spec.role, **self.metrics.as_dict()}
+        if stats.get("tenants"):
+            metrics["tenants"] = stats["tenants"]
         if self.spec.speculative is not None:
             spec = speculative_metrics(self.spec.speculative.method, self.engine.speculation_stats())
             if spec is not None:

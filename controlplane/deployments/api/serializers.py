@@ -169,6 +169,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "speculative_method",
             "draft_model",
             "speculative_k",
+            "fair_share",
             "engine",
             "sim_profile",
             "max_surge",

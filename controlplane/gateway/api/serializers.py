@@ -20,6 +20,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
             "allowed_deployments",
             "rpm_limit",
             "tpm_limit",
+            "weight",
             "revoked",
             "revoked_at",
             "last_used_at",

@@ -18,6 +18,7 @@ from controlplane.gateway.core.errors import bad, show
 from controlplane.gateway.core.names import ref
 from workers.protocol.errors import RequestError
 from workers.protocol.grammar import check_grammar, check_refs, check_schema
+from workers.protocol.replica import PRIORITY_LIMIT
 
 SEED_MAX = 2**64 - 1  # what torch.Generator takes
 INT32_MAX = 2**31 - 1  # max_tokens, top_k, token ids: far past any model, still a plain integer
@@ -76,6 +77,22 @@ def number(body, name, default=None, lo=None, hi=None):
 
 def integer(body, name, default=None, lo=None, hi=None):
     return in_range(name, typed(body, name, int, default, what="an integer"), lo, hi)
+
+
+# OpenAI's service tiers as engine priorities (lower runs first; scheduler.py).
+SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 1, "priority": -1}
+
+
+def priority(body: dict) -> int:
+    """The request's priority: vLLM's `priority` (an integer, lower first) if given, else its
+    OpenAI `service_tier` ("priority" ahead of "default", "flex" after it)."""
+    given = integer(body, "priority", None, lo=-PRIORITY_LIMIT, hi=PRIORITY_LIMIT)
+    tier = body.get("service_tier")
+    if tier is not None and tier not in SERVICE_TIERS:
+        tiers = ", ".join(f'"{t}"' for t in SERVICE_TIERS)
+        raise bad(f"{ref('service_tier')} {show(tier)} is not supported; use one of {tiers}.", "service_tier",
+                  "unsupported")  # fmt: skip
+    return given if given is not None else SERVICE_TIERS.get(tier, 0)
 
 
 def session_key(value, param: str) -> str | None:

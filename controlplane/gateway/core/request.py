@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.protocol.replica import GenerateMessage, WireSamplingParams
+from workers.protocol.replica import GenerateMessage, Share, WireSamplingParams
 
 
 @dataclass
@@ -27,6 +27,7 @@ class GenerationRequest:
     timing: bool = False  # `x-switchyard-timing: 1`: stream chunks carry when the replica produced them
     # OpenAI's `prompt_cache_key`: the same session key as the cache policy's affinity header
     prompt_cache_key: str | None = None
+    priority: int = 0  # lower runs first (core/checks.py: `priority`, or the service tier's)
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -35,9 +36,11 @@ class GenerationRequest:
 
     def replica_message(self) -> GenerateMessage:
         """What the replica is sent; the hub fills in `id` and `reply_to` when it sends it. The
-        ids once known (the replica needs no tools: the gateway parses tool calls itself)."""
+        ids once known (the replica needs no tools: the gateway parses tool calls itself).
+        `share` gets the request's priority here, its tenant when the caller is known."""
+        share = Share(priority=self.priority)
         if self.prompt_token_ids is not None:
-            return GenerateMessage(params=self.params, prompt_token_ids=self.prompt_token_ids)
+            return GenerateMessage(params=self.params, prompt_token_ids=self.prompt_token_ids, share=share)
         if self.kind == "chat":
-            return GenerateMessage(params=self.params, messages=self.messages, tools=self.template_tools)
-        return GenerateMessage(params=self.params, prompt=self.prompt)
+            return GenerateMessage(params=self.params, messages=self.messages, tools=self.template_tools, share=share)
+        return GenerateMessage(params=self.params, prompt=self.prompt, share=share)

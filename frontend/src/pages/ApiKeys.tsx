@@ -4,7 +4,7 @@ import { api, fieldErrors, list } from "../lib/api";
 
 export function ApiKeys() {
   const [rows, setRows] = useState<any[]>([]);
-  const [form, setForm] = useState({ name: "", rpm_limit: "", tpm_limit: "" });
+  const [form, setForm] = useState({ name: "", rpm_limit: "", tpm_limit: "", weight: "" });
   const [secret, setSecret] = useState<string | null>(null);
   const [errors, setErrors] = useState<Record<string, string>>({});
   const load = useCallback(() => list("api-keys/").then(setRows), []);
@@ -14,9 +14,10 @@ export function ApiKeys() {
     setErrors({});
     try {
       const created = await api("api-keys/", { method: "POST", body: { name: form.name,
-        rpm_limit: form.rpm_limit ? Number(form.rpm_limit) : null, tpm_limit: form.tpm_limit ? Number(form.tpm_limit) : null } });
+        rpm_limit: form.rpm_limit ? Number(form.rpm_limit) : null, tpm_limit: form.tpm_limit ? Number(form.tpm_limit) : null,
+        ...(form.weight ? { weight: Number(form.weight) } : {}) } });
       setSecret(created.secret);
-      setForm({ name: "", rpm_limit: "", tpm_limit: "" });
+      setForm({ name: "", rpm_limit: "", tpm_limit: "", weight: "" });
       load();
     } catch (err) {
       setErrors(fieldErrors(err));
@@ -27,8 +28,11 @@ export function ApiKeys() {
     if (rpm === null) return;
     const tpm = window.prompt("Tokens per minute (empty: no limit):", k.tpm_limit ?? "");
     if (tpm === null) return;
+    const weight = window.prompt("Fair-share weight against other tenants (1: an equal share):", String(k.weight));
+    if (weight === null) return;
     try {
-      await api(`api-keys/${k.id}/`, { method: "PATCH", body: { rpm_limit: rpm ? Number(rpm) : null, tpm_limit: tpm ? Number(tpm) : null } });
+      await api(`api-keys/${k.id}/`, { method: "PATCH", body: { rpm_limit: rpm ? Number(rpm) : null, tpm_limit: tpm ? Number(tpm) : null,
+        weight: weight ? Number(weight) : 1 } });
       load();
     } catch (err) {
       setErrors(fieldErrors(err));
@@ -49,12 +53,12 @@ export function ApiKeys() {
         </div>
       )}
       <table>
-        <thead><tr><th>Name</th><th>Prefix</th><th>Limits</th><th>Last used</th><th>State</th><th /></tr></thead>
+        <thead><tr><th>Name</th><th>Prefix</th><th>Limits and share</th><th>Last used</th><th>State</th><th /></tr></thead>
         <tbody>
           {rows.map((k) => (
             <tr key={k.id}>
               <td>{k.name}</td><td><code>{k.prefix}…</code></td>
-              <td>{k.rpm_limit ?? "∞"} rpm · {k.tpm_limit ?? "∞"} tpm</td>
+              <td>{k.rpm_limit ?? "∞"} rpm · {k.tpm_limit ?? "∞"} tpm · weight {k.weight}</td>
               <td>{k.last_used_at ? new Date(k.last_used_at).toLocaleString() : "never"}</td>
               <td>{k.revoked ? "revoked" : "active"}</td>
               <td>
@@ -70,6 +74,7 @@ export function ApiKeys() {
         <Field label="Name" error={errors.name}><input value={form.name} onChange={(e) => setForm({ ...form, name: e.target.value })} /></Field>
         <Field label="Requests/min" error={errors.rpm_limit}><input type="number" value={form.rpm_limit} onChange={(e) => setForm({ ...form, rpm_limit: e.target.value })} /></Field>
         <Field label="Tokens/min" error={errors.tpm_limit}><input type="number" value={form.tpm_limit} onChange={(e) => setForm({ ...form, tpm_limit: e.target.value })} /></Field>
+        <Field label="Weight" error={errors.weight}><input type="number" step="any" placeholder="1" value={form.weight} onChange={(e) => setForm({ ...form, weight: e.target.value })} /></Field>
         <button type="submit">Create key</button>
         <ErrorText errors={errors} />
       </form>

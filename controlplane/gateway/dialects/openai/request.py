@@ -17,12 +17,12 @@ from workers.protocol.replica import WireSamplingParams
 MAX_N = 16  # choices per request (`n`); they share the prompt's KV blocks on the replica
 
 # The parameters this server reads: the OpenAI ones it implements, its extensions (top_k, min_p,
-# repetition_penalty, ignore_eos) and client metadata with no effect on the answer.
+# repetition_penalty, ignore_eos, vLLM's priority) and client metadata with no effect on the answer.
 PARAMS = {
     "model", "stream", "stream_options", "stop", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "min_p", "repetition_penalty",
     "ignore_eos", "user", "metadata", "safety_identifier", "prompt_cache_key", "structured_outputs", "n",
-    "logit_bias",
+    "logit_bias", "service_tier", "priority",
 }  # fmt: skip
 KIND_PARAMS = {
     "chat": {"messages", "tools", "tool_choice", "top_logprobs", "response_format"},
@@ -38,7 +38,6 @@ UNSUPPORTED = {
         (True,),
         "'parallel_tool_calls': false is not supported yet: the model may call several tools in one answer.",
     ),
-    "service_tier": (("auto", "default"), '\'service_tier\' other than "auto" or "default" is not supported yet.'),
     "functions": (([],), "'functions' is not supported; use 'tools'."),
     "function_call": ((), "'function_call' is not supported; use 'tool_choice'."),
     "modalities": ((["text"],), "'modalities' other than [\"text\"] is not supported yet."),
@@ -99,6 +98,7 @@ def _common(body: dict, kind: str) -> GenerationRequest:
         include_usage=bool(stream and include_usage),
         params=params,
         prompt_cache_key=checks.session_key(body.get("prompt_cache_key"), "prompt_cache_key"),
+        priority=checks.priority(body),
     )
 
 

@@ -22,7 +22,7 @@ from controlplane.gateway.dialects.openai.request import parse_chat
 PARAMS = {
     "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
     "text", "stream", "stream_options", "store", "previous_response_id", "metadata", "user", "safety_identifier",
-    "prompt_cache_key", "parallel_tool_calls",
+    "prompt_cache_key", "parallel_tool_calls", "service_tier",
 }  # fmt: skip
 # Responses parameters not built: a 400 unless the value asks for nothing beyond what is.
 UNSUPPORTED = {
@@ -32,7 +32,6 @@ UNSUPPORTED = {
     "max_tool_calls": ((), "'max_tool_calls' is not supported: it bounds built-in tools, and none is built."),
     "prompt": ((), "'prompt' (stored prompt templates) is not supported."),
     "reasoning": ((), "'reasoning' is not supported yet: no reasoning model is served."),
-    "service_tier": (("auto", "default"), "'service_tier' other than \"auto\" or \"default\" is not supported."),
     "top_logprobs": ((0,), "'top_logprobs' is not supported yet on /v1/responses."),
     "truncation": (("disabled",), "'truncation': \"auto\" is not supported: an input over the context is a 400."),
     "prompt_cache_retention": (("in_memory",), "'prompt_cache_retention' other than \"in_memory\" is not "
@@ -276,7 +275,7 @@ def parse_responses(body: dict) -> ResponsesRequest:
     chat = {"model": model, "stream": body.get("stream"), "tools": chat_tools or None, "tool_choice": chat_choice,
             "response_format": response_format, "max_tokens": max_output}  # fmt: skip
     for name in ("temperature", "top_p", "user", "safety_identifier", "prompt_cache_key", "parallel_tool_calls",
-                 "metadata"):  # fmt: skip
+                 "metadata", "service_tier"):  # fmt: skip
         chat[name] = body.get(name)
     req = ResponsesRequest(
         model=model,

@@ -65,7 +65,7 @@ class ResponseBuilder:
             "temperature": 1.0 if p.temperature is None else p.temperature, "text": {"format": p.text_format},
             "tool_choice": p.tool_choice, "tools": p.tools, "top_p": 1.0 if p.top_p is None else p.top_p,
             "truncation": "disabled", "usage": None, "user": p.user, "metadata": p.metadata, "background": False,
-            "service_tier": "default",
+            "service_tier": "default" if p.chat.get("service_tier", "auto") == "auto" else p.chat["service_tier"],
         }  # fmt: skip
         if status in ("completed", "incomplete") and last is not None:
             body["usage"] = usage(last)
