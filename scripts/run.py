@@ -497,6 +497,7 @@ def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> in
         log(f"reusing the admin user, password and API key from {run_file}")
 
     ensure_kv_store(sup, logs_dir)  # before web and control: they read its address from the environment
+    os.environ.setdefault("GATEWAY_URL", f"http://127.0.0.1:{port}")  # where the batch dispatcher sends lines
     celery = [PY, "-m", "celery", "-A", "controlplane.config"]
     services = {
         "web": [PY, "-m", "uvicorn", "controlplane.config.asgi:application", "--host", "127.0.0.1",

@@ -23,8 +23,14 @@ class LimitedBodyASGIHandler(ASGIHandler):
         """The 413, in the management API's error shape (the OpenAI gateway overrides it)."""
         return JsonResponse({"detail": too_large(size).message}, status=413)
 
+    def body_limit(self, scope) -> int:
+        """MAX_REQUEST_BYTES; a Batch API file upload may be up to MAX_UPLOAD_BYTES."""
+        if scope.get("path") == "/v1/files" and scope.get("method") == "POST":
+            return settings.MAX_UPLOAD_BYTES
+        return settings.MAX_REQUEST_BYTES
+
     async def handle(self, scope, receive, send):
-        limit = settings.MAX_REQUEST_BYTES
+        limit = self.body_limit(scope)
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await self.send_response(self.too_large_response(declared, scope), send)

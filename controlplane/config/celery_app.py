@@ -15,6 +15,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(
     [
         "controlplane.autoscaling",
+        "controlplane.batches",
         "controlplane.catalog",
         "controlplane.deployments",
         "controlplane.inventory",

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "controlplane.deployments",
     "controlplane.autoscaling",
     "controlplane.gateway",
+    "controlplane.batches",
     "controlplane.telemetry",
     "controlplane.planner",
     "controlplane.console",
@@ -111,6 +112,13 @@ STATIC_ROOT = STATE_DIR / "static"
 MAX_REQUEST_BYTES = env.int("MAX_REQUEST_BYTES", default=8 << 20)
 MAX_JSON_DEPTH = env.int("MAX_JSON_DEPTH", default=64)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES  # Django's own check (request.body, forms)
+# The Batch API (controlplane/batches): an uploaded file of requests may be larger (OpenAI's
+# limits: 200 MB, 50,000 lines), kept under BATCH_FILES_DIR.
+MAX_UPLOAD_BYTES = env.int("MAX_UPLOAD_BYTES", default=200 << 20)
+BATCH_MAX_LINES = env.int("BATCH_MAX_LINES", default=50_000)
+BATCH_FILES_DIR = Path(env("BATCH_FILES_DIR", default=str(STATE_DIR / "files")))
+# Where the control worker's batch dispatcher sends a batch's lines: the web process's own API.
+GATEWAY_URL = env("GATEWAY_URL", default="http://127.0.0.1:8000")
 
 CHANNEL_LAYERS = {
     "default": {
@@ -165,6 +173,7 @@ CELERY_BEAT_SCHEDULE = {
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
     "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
     "autoscale": {"task": "autoscaling.tick", "schedule": env.float("AUTOSCALE_INTERVAL", default=15.0)},
+    "batches": {"task": "batches.dispatch", "schedule": env.float("BATCH_DISPATCH_INTERVAL", default=2.0)},
 }
 
 # The control plane's side of nodes and replicas. A node agent's own settings (REPLICA_COMMAND,

@@ -25,6 +25,7 @@ from django.core.validators import slug_re
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from controlplane.batches.tokens import batch_id_of
 from controlplane.deployments.models import Deployment
 from controlplane.gateway import failover, ratelimit, selectors, tokenization
 from controlplane.gateway.core import GatewayError, GenerationRequest
@@ -33,7 +34,14 @@ from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, Requ
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.routing import quality, router
 from controlplane.gateway.services import authenticate
-from workers.protocol.replica import ENGINE_ERROR, AcceptedEvent, DeltaEvent, ErrorEvent, GenerateMessage
+from workers.protocol.replica import (
+    BATCH_PRIORITY,
+    ENGINE_ERROR,
+    AcceptedEvent,
+    DeltaEvent,
+    ErrorEvent,
+    GenerateMessage,
+)
 
 ATTEMPTS = 3
 DEFAULT_SESSION_HEADER = "x-session-affinity"  # without a cache policy
@@ -50,20 +58,36 @@ class Caller:
     # weight of the key they asked with.
     tenant: str = ""
     weight: float = 1.0
+    # A line of this batch (controlplane/batches): it runs at the batch priority, below every
+    # interactive request, and outside the key's per-minute limits.
+    batch: str | None = None
 
 
 @sync_to_async
 def caller_from_secret(secret: str | None) -> Caller:
+    return caller_for_secret(secret)
+
+
+def caller_for_secret(secret: str | None) -> Caller:
     if not secret:
         raise GatewayError(401, "Missing API key: send it as 'Authorization: Bearer sy-...'.", code="missing_api_key")
-    key = authenticate(secret)
+    batch_id = batch_id_of(secret)
+    key = authenticate(secret) if batch_id is None else _batch_key(batch_id)
     if key is None:
         raise GatewayError(401, "Invalid or revoked API key.", code="invalid_api_key")
     allowed = frozenset(key.allowed_deployments.values_list("id", flat=True)) or None
     now = timezone.now()
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:  # a write per minute at most
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    if batch_id is not None:
+        return Caller(key, allowed, f"batch:{batch_id}", key.owner.get_username(), key.weight, batch=batch_id)
     return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight)
+
+
+def _batch_key(batch_id: str) -> ApiKey | None:
+    """The live key a batch was created with (None once it is revoked: its lines then fail)."""
+    key = ApiKey.objects.filter(batches__pk=batch_id, revoked=False).select_related("owner").first()
+    return key
 
 
 def caller_from_user(user) -> Caller:
@@ -85,7 +109,7 @@ def visible_deployments(caller: Caller) -> list[Deployment]:
     return list(qs.order_by("slug"))
 
 
-def _resolve(name: str, caller: Caller) -> Deployment:
+def resolve(name: str, caller: Caller) -> Deployment:
     deployment = None
     if slug_re.match(name):  # any other name is no deployment's (and a NUL in it would fail the query)
         deployment = Deployment.objects.select_related("model", "cache_policy").filter(slug=name).first()
@@ -100,13 +124,13 @@ def _resolve(name: str, caller: Caller) -> Deployment:
     return deployment
 
 
-resolve_deployment = sync_to_async(_resolve)
+resolve_deployment = sync_to_async(resolve)
 
 
 @sync_to_async
 def _deployment_and_replicas(name: str, caller: Caller) -> tuple[Deployment, dict[str, list[int]]]:
     """One trip to the database thread per request: each costs a thread hop."""
-    deployment = _resolve(name, caller)
+    deployment = resolve(name, caller)
     return deployment, selectors.candidate_ids(deployment.pk)
 
 
@@ -162,7 +186,8 @@ class Generation:
                 if event.usage:  # one per choice (`n`): the prompt counts once
                     usage = event.usage
                     spent = usage["completion_tokens"] + (0 if self.prompt_counted else usage["prompt_tokens"])
-                    await ratelimit.count_tokens(self.stream.hub.redis, self.caller.key, spent)
+                    if self.caller.batch is None:  # a batch's lines are paced by its dispatcher
+                        await ratelimit.count_tokens(self.stream.hub.redis, self.caller.key, spent)
                     if not self.usage_seen:
                         await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
                     self.prompt_counted = self.usage_seen = True
@@ -369,11 +394,13 @@ async def start(
     session = session_of(deployment, req, headers, session)
     await tokenization.tokenize(deployment, req)  # the router's ids; refused here if over the context
     prompt_tokens = len(req.prompt_token_ids) if req.prompt_token_ids is not None else None
-    await ratelimit.check(hub.redis, caller.key, prompt_tokens)
+    limited = caller.key if caller.batch is None else None  # the dispatcher paces a batch
+    await ratelimit.check(hub.redis, limited, prompt_tokens)
     prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
     message = req.replica_message()
     message.session_turn = session is not None  # its context begins the next turn: worth sharing (KV store)
-    message.share = replace(message.share, tenant=caller.tenant, weight=caller.weight)
+    priority = BATCH_PRIORITY if caller.batch is not None else message.share.priority
+    message.share = replace(message.share, priority=priority, tenant=caller.tenant, weight=caller.weight)
     # A request of n > 1 choices is not resumed elsewhere (failover.Progress follows one output):
     # a lost replica ends it with a clean error.
     resumable = failover.enabled() and message.params.n == 1
@@ -387,7 +414,7 @@ async def start(
         raise _refusal(req, first)
     losses.request_id = stream.request_id
     if prompt_tokens is not None:  # exact before it runs: a burst cannot overdraw the budget
-        await ratelimit.count_tokens(hub.redis, caller.key, prompt_tokens)
+        await ratelimit.count_tokens(hub.redis, limited, prompt_tokens)
     progress = failover.Progress(message.prompt_token_ids or first.prompt_token_ids) if resumable else None
     return Generation(stream.request_id, deployment, route, stream, caller, prefill_replica=first.prefill_replica,
                       message=message, progress=progress, losses=losses,

@@ -122,6 +122,7 @@ def processes(state_dir: Path, node: str, env: dict, web_port: int | None = None
     env = {**env, "SWITCHYARD_NODE": node}
     if web_port is not None:
         commands["web"] = web_command(web_port)
+        env.setdefault("GATEWAY_URL", f"http://127.0.0.1:{web_port}")  # the batch dispatcher's
     if beat:
         commands["beat"] = [sys.executable, "-m", "celery", "-A", "controlplane.config", "beat",
                             "--schedule", str(state_dir / "celerybeat-schedule"), "--loglevel", "WARNING"]  # fmt: skip
