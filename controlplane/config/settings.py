@@ -116,7 +116,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES  # Django's own check (request.b
 # limits: 200 MB, 50,000 lines), kept under BATCH_FILES_DIR.
 MAX_UPLOAD_BYTES = env.int("MAX_UPLOAD_BYTES", default=200 << 20)
 BATCH_MAX_LINES = env.int("BATCH_MAX_LINES", default=50_000)
-BATCH_FILES_DIR = Path(env("BATCH_FILES_DIR", default=str(STATE_DIR / "files")))
+BATCH_FILES_DIR = Path(env("BATCH_FILES_DIR", default="") or STATE_DIR / "files")
 # Where the control worker's batch dispatcher sends a batch's lines: the web process's own API.
 GATEWAY_URL = env("GATEWAY_URL", default="http://127.0.0.1:8000")
 
