@@ -23,6 +23,7 @@ written.
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
@@ -32,8 +33,10 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client, override_settings
 from django.urls import URLResolver, get_resolver, resolve
+from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
+from controlplane.batches.models import Batch, BatchFile
 from controlplane.catalog.models import Model
 from controlplane.common.services import create_token
 from controlplane.config.asgi import application
@@ -163,6 +166,17 @@ ROWS = [
     Row("POST",   "/v1/detokenize",                     (401, 401, 401, 501, 401, 403, 401, 401, 401),
         {"model": "demo", "tokens": [1, 2]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
+    # The Batch API: files and batches are the key owner's, whichever of their keys asks (the
+    # seeded ones are the user's). A body that is no upload or no batch is a 400: auth passed.
+    Row("GET",    "/v1/files",                          (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("POST",   "/v1/files",                          (401, 401, 401, 400, 401, 400, 401, 401, 401), {}),
+    Row("GET",    "/v1/files/{id}",                     (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("DELETE", "/v1/files/{id}",                     (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("GET",    "/v1/files/{id}/content",             (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("GET",    "/v1/batches",                        (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("POST",   "/v1/batches",                        (401, 401, 401, 400, 401, 400, 401, 401, 401), {}),
+    Row("GET",    "/v1/batches/{id}",                   (401, 401, 401, 200, 401, 200, 401, 401, 401)),
+    Row("POST",   "/v1/batches/{id}/cancel",            (401, 401, 401, 200, 401, 200, 401, 401, 401)),
     # Prometheus: its own token when METRICS_TOKEN is set, open when it is not.
     Row("GET",    "/metrics",                           (401, 401, 401, 401, 401, 401, 401, 401, 200)),
     Row("GET",    "/metrics",                           (200, 200, 200, 200, 200, 200, 200, 200, 200),
@@ -249,6 +263,17 @@ def seeded(staff, user) -> dict:
     revoked, revoked_secret = create_api_key(name="revoked", owner=user)
     revoke_api_key(revoked)
     stored = StoredResponse.objects.create(id="resp_seeded", owner=user, conversation=[], response={"id": "x"})
+    batch = Batch.objects.create(
+        id="batch_seeded",
+        owner=user,
+        endpoint="/v1/chat/completions",
+        model="demo",
+        status=Batch.Status.IN_PROGRESS,
+        expires_at=timezone.now() + timedelta(hours=24),
+    )
+    output = BatchFile.objects.create(
+        id="file-seeded", owner=user, purpose="batch_output", filename="out.jsonl", batch=batch
+    )  # its content: rendered from the batch's lines (none yet)
     return {
         "ids": {
             "/api/v1/api-keys/": staffs_key.pk,
@@ -259,6 +284,8 @@ def seeded(staff, user) -> dict:
             "/api/v1/nodes/": node.pk,
             "/api/v1/replicas/": replica.pk,
             "/v1/responses/": stored.pk,
+            "/v1/files/": output.pk,
+            "/v1/batches/": batch.pk,
         },
         "bearer": {
             "user": create_token(user)[1],
