@@ -8,6 +8,7 @@ import { Models } from "./pages/Models";
 import { Inventory } from "./pages/Inventory";
 import { CachePolicies } from "./pages/CachePolicies";
 import { ApiKeys } from "./pages/ApiKeys";
+import { Batches } from "./pages/Batches";
 import { Events } from "./pages/Events";
 import { Playground } from "./pages/Playground";
 
@@ -20,6 +21,7 @@ export const PAGES: [string, string][] = [
   ["/inventory", "Inventory"],
   ["/cache-policies", "Cache policies"],
   ["/api-keys", "API keys"],
+  ["/batches", "Batches"],
   ["/events", "Events"],
   ["/playground", "Playground"],
 ];
@@ -57,6 +59,7 @@ export function App() {
           <Route path="/inventory" element={<Inventory />} />
           <Route path="/cache-policies" element={<CachePolicies />} />
           <Route path="/api-keys" element={<ApiKeys />} />
+          <Route path="/batches" element={<Batches />} />
           <Route path="/events" element={<Events />} />
           <Route path="/playground" element={<Playground />} />
           <Route path="*" element={<p>No such page.</p>} />

@@ -166,6 +166,13 @@ ROWS = [
     Row("POST",   "/v1/detokenize",                     (401, 401, 401, 501, 401, 403, 401, 401, 401),
         {"model": "demo", "tokens": [1, 2]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
+    # Batches in the management API: a user sees their own (the seeded one is the user's), staff
+    # cancel; the seeded batch has an output file and no error file (404).
+    Row("GET",    "/api/v1/batches/",                   (401, 200, 200, 401, 401, 401, 200, 200, 401)),
+    Row("GET",    "/api/v1/batches/{id}/",              (401, 200, 200, 401, 401, 401, 200, 200, 401)),
+    Row("POST",   "/api/v1/batches/{id}/cancel/",       (401, 403, 200, 401, 401, 401, 200, 403, 401)),
+    Row("GET",    "/api/v1/batches/{id}/output/",       (401, 200, 200, 401, 401, 401, 200, 200, 401)),
+    Row("GET",    "/api/v1/batches/{id}/errors/",       (401, 404, 404, 401, 401, 401, 404, 404, 401)),
     # The Batch API: files and batches are the key owner's, whichever of their keys asks (the
     # seeded ones are the user's). A body that is no upload or no batch is a 400: auth passed.
     Row("GET",    "/v1/files",                          (401, 401, 401, 200, 401, 200, 401, 401, 401)),
@@ -274,6 +281,7 @@ def seeded(staff, user) -> dict:
     output = BatchFile.objects.create(
         id="file-seeded", owner=user, purpose="batch_output", filename="out.jsonl", batch=batch
     )  # its content: rendered from the batch's lines (none yet)
+    Batch.objects.filter(pk=batch.pk).update(output_file=output)
     return {
         "ids": {
             "/api/v1/api-keys/": staffs_key.pk,
@@ -286,6 +294,7 @@ def seeded(staff, user) -> dict:
             "/v1/responses/": stored.pk,
             "/v1/files/": output.pk,
             "/v1/batches/": batch.pk,
+            "/api/v1/batches/": batch.pk,
         },
         "bearer": {
             "user": create_token(user)[1],

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts" / "console"
 TIER_BYTES = 64 << 20
-PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "API keys", "Events", "Playground"]
+PAGES = ["Overview", "Deployments", "Models", "Inventory", "Cache policies", "API keys", "Batches", "Events",
+         "Playground"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -264,3 +265,42 @@ def test_a_keys_fair_share_weight_is_set_at_creation_and_edited(page, answers):
     row.get_by_role("button", name="Edit limits").click()
     expect(row).to_contain_text("weight 0.5")
     shot(page, "api-keys-weight")
+
+
+def _batch(site: str, secret: str, n: int, max_tokens: int):
+    """A batch of `n` chat requests to the demo, created with the official client."""
+    import io
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{site}/v1", api_key=secret, max_retries=0, timeout=30)
+    lines = [{"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "demo", "messages": [{"role": "user", "content": f"Summarise document {i}."}],
+                       "max_tokens": max_tokens}} for i in range(n)]  # fmt: skip
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    f = client.files.create(file=("docs.jsonl", io.BytesIO(data)), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_the_batches_page_shows_progress_and_cancels(page, site):
+    page.get_by_role("link", name="API keys", exact=True).click()  # a key to send batches with
+    form = page.get_by_role("form", name="Create a key")
+    form.get_by_label("Name").fill("batch-console")
+    form.get_by_role("button", name="Create key").click()
+    secret = page.get_by_test_id("secret").inner_text()
+    small = _batch(site, secret, 3, 4)
+    large = _batch(site, secret, 400, 32)  # long enough to be running when it is cancelled
+    page.get_by_role("link", name="Batches", exact=True).click()
+    row = page.locator(f'tr[data-batch="{small.id}"]')
+    expect(row.locator(".status")).to_have_text("completed", timeout=60_000)
+    expect(row.locator(".counts")).to_have_text("3 completed · 0 failed · 3 total")
+    with page.expect_download() as download:
+        row.get_by_role("link", name="output").click()
+    lines = Path(download.value.path()).read_text().splitlines()
+    assert sorted(json.loads(line)["custom_id"] for line in lines) == ["doc-0", "doc-1", "doc-2"]
+    big = page.locator(f'tr[data-batch="{large.id}"]')
+    expect(big.locator(".status")).to_have_text("in progress")
+    big.get_by_role("button", name="Cancel").click()
+    expect(big.locator(".status")).to_have_text("cancelled", timeout=15_000)
+    expect(big.get_by_role("link", name="errors")).to_be_visible()
+    shot(page, "batches")
