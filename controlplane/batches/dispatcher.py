@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
@@ -109,7 +110,9 @@ class Dispatcher:
 
     async def _batch(self, batch_id: str) -> None:
         inflight: dict[int, asyncio.Task] = {}
+        answered = asyncio.Event()  # a line ended: its slot is refilled at once, not at the next tick
         while True:
+            answered.clear()  # before looking: a line that ends from here on wakes the loop
             batch = await self.db(renew_lease, batch_id, self.token)
             if batch is None:  # another dispatcher holds it now (ours ran out): let go, write nothing
                 await _stop(inflight)
@@ -127,11 +130,14 @@ class Dispatcher:
             room = await self.db(self.capacity, batch.model, len(inflight)) - len(inflight)
             if room > 0:
                 for line in await self.db(claim_lines, batch_id, self.token, room):
-                    inflight[line.pk] = asyncio.create_task(self._send(batch, line))
+                    task = asyncio.create_task(self._send(batch, line))
+                    task.add_done_callback(lambda _: answered.set())
+                    inflight[line.pk] = task
             if not inflight and not await self.db(has_open_lines, batch_id):
                 await self.db(services.finalize, batch, Batch.Status.COMPLETED)
                 return
-            await asyncio.sleep(TICK_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(answered.wait(), TICK_SECONDS)
 
     async def _send(self, batch: Batch, line: BatchLine) -> None:
         attempt = line.attempts

@@ -123,7 +123,26 @@ def test_an_urgent_arrival_takes_a_slot_from_a_less_urgent_one_at_the_sequence_l
     sched.add(urgent)
     out = run_step(sched)
     assert out.preempted == [low[1]]
-    assert {i.seq.request_id for i in out.all} == {"low0", "urgent"}
+    assert [i.seq.request_id for i in out.all] == ["urgent"]  # its prompt's step is its own
+    assert {i.seq.request_id for i in run_step(sched).all} == {"low0", "urgent"}
+
+
+def test_a_step_computing_an_urgent_prompt_leaves_less_urgent_sequences_out():
+    sched = make(budget=64)
+    batch = [seq(f"batch{i}", priority=1) for i in range(3)]
+    for s in batch:
+        sched.add(s)
+    run_step(sched)
+    assert len(run_step(sched).decodes) == 3  # the batch decodes
+    sched.add(seq("chat", (5, 6, 7, 8, 9), priority=0))
+    out = run_step(sched)
+    assert [i.seq.request_id for i in out.all] == ["chat"] and out.preempted == []
+    assert all(s.block_table for s in batch)  # they keep their blocks
+    nxt = run_step(sched)
+    assert {i.seq.request_id for i in nxt.all} == {"chat", "batch0", "batch1", "batch2"}
+    # A prompt of the same priority shares its step, as before.
+    sched.add(seq("batch3", (9, 9, 9), priority=1))
+    assert len(run_step(sched).all) == 5
 
 
 def test_fair_sharing_admits_the_tenant_with_the_least_service_first():

@@ -128,7 +128,21 @@ def main(argv=None) -> int:
     au.add_argument("--policies", default="static_peak,static_mean,autoscaled", help="which runs, comma-separated")
     au.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     au.add_argument("--json", action="store_true", help="print only the JSON line")
+    ba = sub.add_parser("batch", help="the Batch API on spare capacity beside interactive load; fair sharing")
+    ba.add_argument("--lines", type=int, default=2000, help="lines of the batch run beside the interactive load")
+    ba.add_argument("--calibration", type=float, default=20, help="seconds of the capacity measurement")
+    ba.add_argument("--rate", type=float, default=1.0, help="interactive requests/s")
+    ba.add_argument("--seconds", type=float, default=60, help="how long the interactive load runs")
+    ba.add_argument("--fair-seconds", type=float, default=40, help="each fairness run's window")
+    ba.add_argument("--seed", type=int, default=5)
+    ba.add_argument("--chaos", action="store_true", help="kill a replica and the control worker mid-batch")
+    ba.add_argument("--keep", action="store_true", help="keep the state directory and logs")
+    ba.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if args.name == "batch":
+        from workers.bench.batch import run
+
+        return run(args)
     if args.name == "autoscale":
         from workers.bench.autoscale import run
 

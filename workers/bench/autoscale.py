@@ -44,6 +44,7 @@ PROMPT = "Summarise the routing of requests between replicas in a fleet of infer
 @dataclass
 class Sent:
     start: float
+    expected: int = OUTPUT_TOKENS  # tokens it asked for (ignore_eos: it gets them all)
     first: float | None = None
     last: float | None = None
     tokens: int = 0
@@ -62,7 +63,7 @@ class Sent:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.tokens == OUTPUT_TOKENS
+        return self.error is None and self.tokens == self.expected
 
     def within_slo(self) -> bool:
         return self.ok and self.ttft_ms <= TTFT_SLO_MS and (self.itl_ms or 0) <= ITL_SLO_MS
@@ -73,13 +74,15 @@ def log(message: str, quiet: bool) -> None:
         print(message, flush=True)
 
 
-async def send(http: httpx.AsyncClient, stack: Stack, i: int) -> Sent:
-    rec = Sent(start=time.monotonic())
-    body = {"model": SLUG, "messages": [{"role": "user", "content": f"{i}: {PROMPT}"}], "max_tokens": OUTPUT_TOKENS,
+async def send(http: httpx.AsyncClient, stack: Stack, i: int, slug: str = SLUG, max_tokens: int = OUTPUT_TOKENS,
+               key: str | None = None) -> Sent:  # fmt: skip
+    """One streamed chat request of `max_tokens` tokens, timed token by token (with `key`, or the stack's)."""
+    rec = Sent(start=time.monotonic(), expected=max_tokens)
+    body = {"model": slug, "messages": [{"role": "user", "content": f"{i}: {PROMPT}"}], "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     try:
         async with http.stream("POST", f"{stack.base}/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {stack.key}"}) as response:  # fmt: skip
+                               headers={"Authorization": f"Bearer {key or stack.key}"}) as response:  # fmt: skip
             if response.status_code != 200:
                 rec.error = f"{response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
                 return rec
@@ -129,15 +132,16 @@ async def api(stack: Stack, method: str, path: str, body: dict | None = None) ->
     return answer
 
 
-async def settle(stack: Stack, replicas: int, timeout: float = 120) -> None:
+async def settle(stack: Stack, replicas: int, timeout: float = 120, slug: str = SLUG) -> None:
+    """Wait until `slug` has exactly `replicas` ready replicas and none coming or going."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = (await api(stack, "GET", f"replicas/?deployment__slug={SLUG}")).get("results", [])
+        rows = (await api(stack, "GET", f"replicas/?deployment__slug={slug}")).get("results", [])
         states = [r["state"] for r in rows]
         if states.count("ready") == replicas and not {"pending", "starting", "draining"} & set(states):
             return
         await asyncio.sleep(0.5)
-    raise SystemExit(f"{SLUG} did not settle at {replicas} replicas; see {stack.dir}")
+    raise SystemExit(f"{slug} did not settle at {replicas} replicas; see {stack.dir}")
 
 
 async def one_run(stack: Stack, policy: str, replicas: int, trace: list[float], quiet: bool) -> dict:

@@ -11,7 +11,9 @@ Policy, per step, under a token budget (`max_num_batched_tokens`):
 2. Then waiting sequences join while the budget, the sequence limit and free blocks allow: by
    priority (lower first, vLLM's `priority`), then, with fair sharing, the tenant that got the
    least service so far (fair_share.py), then in queue order. A waiting sequence that finds no
-   room preempts running sequences of a less urgent priority, never of its own. Each reuses its
+   room preempts running sequences of a less urgent priority, never of its own. A step that
+   computes a prompt leaves out the sequences less urgent than it (they go on at the next step),
+   so a batch does not lengthen an interactive request's first token. Each reuses its
    cached prefix and prefills in chunks. With KV tiers, a sequence whose prefix continues in a
    tier is admitted once that load is done (the ones behind it go first meanwhile), with the
    loaded blocks as part of its prefix. A forked sample (parallel_sampling.py) waits at the front
@@ -189,6 +191,7 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
 
+        scheduled = _yield_to_urgent_prompts(scheduled)
         prefills = [s for s in scheduled if s.num_tokens > 1]
         decodes = [s for s in scheduled if s.num_tokens == 1]
         return SchedulerOutput(prefills, decodes, preempted)
@@ -254,3 +257,15 @@ class Scheduler:
 
 def _priority(seq: Sequence) -> int:
     return seq.share.priority
+
+
+def _yield_to_urgent_prompts(scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
+    """A step that computes a prompt (a chunk of more than its last token) computes it without
+    the sequences of less urgent priorities: they keep their blocks and go on at the next step.
+    A step's time grows with every sequence in it, so a batch running beside an interactive
+    request would otherwise lengthen the step that produces its first token."""
+    prompts = [item.seq.share.priority for item in scheduled if item.num_tokens - len(item.draft_token_ids) > 1]
+    if not prompts:
+        return scheduled
+    urgent = min(prompts)
+    return [item for item in scheduled if item.seq.share.priority <= urgent]
