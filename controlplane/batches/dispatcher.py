@@ -14,7 +14,7 @@ Lines go to the web process's own API (GATEWAY_URL) with a token naming the batc
 (tokens.py): routing, failover, every endpoint's checks and its response body are the gateway's.
 The gateway runs them at the batch priority, below every interactive request: the engine queues
 them last and preempts them first. The dispatcher keeps at most what the deployment has to spare
-in flight: FILL of its ready replicas' sequence slots, less the interactive requests running and
+in flight: BATCH_FILL of its ready replicas' sequence slots, less the interactive requests running and
 waiting there, and nothing new while interactive requests wait or the KV cache is nearly full
 (one line always, so a busy fleet still moves the batch on).
 
@@ -59,7 +59,6 @@ TICK_SECONDS = 0.5  # a cancel is seen within this (and the lease renewed)
 CLAIM_SECONDS = 1.0
 RETRY_SECONDS = 2.0
 MAX_FAILURES = 3
-FILL = 0.75  # of the ready replicas' sequence slots batch lines may take
 KV_FULL = 0.9
 RETRY_STATUSES = {502: ("replica_error",), 503: None}  # None: any code
 
@@ -109,7 +108,19 @@ class Dispatcher:
                 await asyncio.sleep(CLAIM_SECONDS)
 
     async def _batch(self, batch_id: str) -> None:
+        """Run one leased batch until it ends or the lease is lost. If anything fails here (the
+        database away), the lines this dispatcher had in flight go back to pending, and the
+        batch is taken up again at the next claim."""
         inflight: dict[int, asyncio.Task] = {}
+        try:
+            await self.db(release_lines, batch_id, self.token)  # a previous run of ours left these
+            await self._run_batch(batch_id, inflight)
+        finally:
+            await _stop(inflight)
+            with contextlib.suppress(Exception):
+                await self.db(release_lines, batch_id, self.token)
+
+    async def _run_batch(self, batch_id: str, inflight: dict[int, asyncio.Task]) -> None:
         answered = asyncio.Event()  # a line ended: its slot is refilled at once, not at the next tick
         while True:
             answered.clear()  # before looking: a line that ends from here on wakes the loop
@@ -191,7 +202,7 @@ class Dispatcher:
             waiting += load.get("waiting", 0)
             free += load.get("kv_blocks_free", 0)
             total += load.get("kv_blocks_total", 0)
-        slots = int(len(ready) * deployment.max_num_seqs * FILL)
+        slots = int(len(ready) * deployment.max_num_seqs * settings.BATCH_FILL)
         interactive = max(0, running + waiting - inflight)
         limit = max(1, slots - interactive)
         if waiting > inflight or (total and 1 - free / total > KV_FULL):  # interactive requests queue: hold
@@ -254,7 +265,8 @@ def claim_lines(batch_id: str, token: str, n: int) -> list[BatchLine]:
     claimed = []
     pending = BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.PENDING).order_by("index")
     for line in pending.only("pk")[:n]:
-        if BatchLine.objects.filter(pk=line.pk, state=BatchLine.State.PENDING).update(
+        # Only while the batch is still ours: a dispatcher whose lease ran out sends nothing more.
+        if BatchLine.objects.filter(pk=line.pk, state=BatchLine.State.PENDING, batch__lease_owner=token).update(
             state=BatchLine.State.SENT, sent_by=token, attempts=F("attempts") + 1
         ):
             claimed.append(BatchLine.objects.get(pk=line.pk))
@@ -265,6 +277,13 @@ def release_line(line: BatchLine, token: str, attempt: int, failed: bool) -> Non
     """Back to pending, to be sent again (if it is still this attempt)."""
     BatchLine.objects.filter(pk=line.pk, state=BatchLine.State.SENT, sent_by=token, attempts=attempt).update(
         state=BatchLine.State.PENDING, failures=F("failures") + int(failed)
+    )
+
+
+def release_lines(batch_id: str, token: str) -> None:
+    """The lines `token` sent and has no answer for (its run of the batch ended): pending again."""
+    BatchLine.objects.filter(batch_id=batch_id, state=BatchLine.State.SENT, sent_by=token).update(
+        state=BatchLine.State.PENDING
     )
 
 

@@ -37,6 +37,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
 
+def clean_id(value: str) -> str:
+    """An id as a client sent it, safe to query with (no NUL, which PostgreSQL refuses)."""
+    return value[:40].replace("\x00", "")
+
+
 def _ts(when) -> int | None:
     return int(when.timestamp()) if when is not None else None
 
@@ -57,7 +62,7 @@ def check_lines(chunks: Iterator[bytes]) -> tuple[list[str], int]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise bad("The file is not UTF-8 text.", "file", "invalid_file_format") from None
-    lines = text.splitlines()
+    lines = jsonl_lines(text)
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
@@ -75,6 +80,11 @@ def check_lines(chunks: Iterator[bytes]) -> tuple[list[str], int]:
     return lines, len(data)
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """JSONL's lines: split at newlines only (JSON strings may hold U+2028 and the like raw)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def create_file(owner, filename: str, purpose: str, chunks: Iterator[bytes]) -> BatchFile:
     if purpose != BatchFile.Purpose.BATCH:
         raise bad(f"'purpose' must be 'batch' (files hold batch input here), got {str(purpose)[:40]!r}.", "purpose")
@@ -87,9 +97,9 @@ def create_file(owner, filename: str, purpose: str, chunks: Iterator[bytes]) -> 
 
 
 def owned_file(owner_id: int, file_id: str) -> BatchFile:
-    f = BatchFile.objects.filter(pk=file_id[:40], owner_id=owner_id, deleted=False).first()
+    f = BatchFile.objects.filter(pk=clean_id(file_id), owner_id=owner_id, deleted=False).first()
     if f is None:
-        raise GatewayError(404, f"No such File object: {file_id[:60]}", "id", "not_found")
+        raise GatewayError(404, f"No such File object: {clean_id(file_id)}", "id", "not_found")
     return f
 
 
@@ -158,29 +168,43 @@ def create_batch(caller, body: dict, validate) -> Batch:
         raise bad("'completion_window' must be '24h'.", "completion_window")
     metadata = check_metadata(body.get("metadata"))
     owner_id = caller.key.owner_id
-    f = BatchFile.objects.filter(pk=file_id[:40], owner_id=owner_id, deleted=False).first()
+    f = BatchFile.objects.filter(pk=clean_id(file_id), owner_id=owner_id, deleted=False).first()
     if f is None or f.purpose != BatchFile.Purpose.BATCH:
-        raise bad(f"No file '{file_id[:60]}' with purpose 'batch' was found.", "input_file_id", "not_found")
+        raise bad(f"No file '{clean_id(file_id)}' with purpose 'batch' was found.", "input_file_id", "not_found")
+    try:
+        text = b"".join(get_storage().open(f.id)).decode()
+    except FileNotFoundError:
+        raise GatewayError(
+            409,
+            f"The content of file {f.id} is not in this web process's file storage: with several web processes, "
+            "BATCH_FILES_DIR must be a directory they share (docs/serving.md, Batches).",
+            "input_file_id",
+            "file_unavailable",
+        ) from None
     now = timezone.now()
     batch = Batch.objects.create(
         id=new_id("batch_"), owner_id=owner_id, api_key=caller.key, endpoint=endpoint, input_file=f,
         completion_window=window, metadata=metadata, expires_at=now + COMPLETION_WINDOWS[window],
     )  # fmt: skip
-    text = b"".join(get_storage().open(f.id)).decode()
     try:
-        bodies = validate(text.splitlines(), endpoint, caller)
+        bodies = validate([line for line in jsonl_lines(text) if line.strip()], endpoint, caller)
     except BatchInvalid as exc:
-        batch.status, batch.errors, batch.failed_at = Batch.Status.FAILED, exc.errors, timezone.now()
-        batch.save(update_fields=["status", "errors", "failed_at"])
+        Batch.objects.filter(pk=batch.pk, status=Batch.Status.VALIDATING).update(
+            status=Batch.Status.FAILED, errors=exc.errors, failed_at=timezone.now()
+        )
+        batch.refresh_from_db()
         return batch
     with transaction.atomic():
         BatchLine.objects.bulk_create(
             [BatchLine(batch=batch, index=i, custom_id=cid, body=b) for i, (cid, b) in enumerate(bodies)],
             batch_size=2000,
         )
-        batch.status, batch.total, batch.in_progress_at = Batch.Status.IN_PROGRESS, len(bodies), timezone.now()
-        batch.model = bodies[0][1]["model"]
-        batch.save(update_fields=["status", "total", "in_progress_at", "model"])
+        # Conditional: a batch cancelled while it was validated stays cancelling (the dispatcher ends it).
+        Batch.objects.filter(pk=batch.pk).update(total=len(bodies), model=bodies[0][1]["model"])
+        Batch.objects.filter(pk=batch.pk, status=Batch.Status.VALIDATING).update(
+            status=Batch.Status.IN_PROGRESS, in_progress_at=timezone.now()
+        )
+    batch.refresh_from_db()
     record_event("batch.created", batch, actor=batch.owner, data={"requests": len(bodies), "endpoint": endpoint})
     return batch
 
@@ -192,9 +216,9 @@ class BatchInvalid(Exception):
 
 
 def owned_batch(owner_id: int, batch_id: str) -> Batch:
-    b = Batch.objects.filter(pk=batch_id[:40], owner_id=owner_id).first()
+    b = Batch.objects.filter(pk=clean_id(batch_id), owner_id=owner_id).first()
     if b is None:
-        raise GatewayError(404, f"No such Batch object: {batch_id[:60]}", "batch_id", "not_found")
+        raise GatewayError(404, f"No such Batch object: {clean_id(batch_id)}", "batch_id", "not_found")
     return b
 
 
@@ -255,6 +279,7 @@ def finalize(batch: Batch, final: str) -> None:
                                                                              finalizing_at=now)  # fmt: skip
     batch.refresh_from_db()
     with transaction.atomic():  # the files and the end together: a dispatcher that dies here leaves neither
+        batch = Batch.objects.select_for_update().get(pk=batch.pk)  # two finalizers: the second sees the end
         if batch.status in (Batch.Status.COMPLETED, Batch.Status.EXPIRED, Batch.Status.CANCELLED):
             return
         _name_files(batch, final, now)

@@ -25,12 +25,12 @@ async def _caller(request) -> generation.Caller:
 
 def _page(request, rows, shape, default: int) -> dict:
     """OpenAI's cursor pages: `limit` (1-100) objects after the id `after`, newest first."""
-    raw = request.GET.get("limit", str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= max(MAX_PAGE, default):
-        raise bad(f"'limit' must be an integer between 1 and {max(MAX_PAGE, default)}.", "limit")
+    raw, most = request.GET.get("limit", str(default)), max(MAX_PAGE, default)
+    if not (raw.isascii() and raw.isdecimal() and len(raw) <= 6 and 1 <= int(raw) <= most):
+        raise bad(f"'limit' must be an integer between 1 and {most}.", "limit")
     after = request.GET.get("after")
     if after:
-        anchor = rows.filter(pk=after[:40]).first()
+        anchor = rows.filter(pk=services.clean_id(after)).first()
         if anchor is None:
             raise bad(f"'after' names no object of this list: {after[:60]}", "after")
         rows = rows.filter(created_at__lte=anchor.created_at).exclude(pk=anchor.pk)

@@ -265,3 +265,60 @@ def test_a_batch_past_its_window_expires_with_batch_expired_errors(client, key):
     assert {json.loads(row)["error"]["code"] for row in errors} == {"batch_expired"}
     refused = client.post(f"/v1/batches/{batch_id}/cancel", **auth(key))
     assert refused.status_code == 409 and "expired" in refused.json()["error"]["message"]
+
+
+# -- edges -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("limit", ["²", "0", "-1", "9" * 5000, "abc", "101"])
+def test_a_bad_limit_is_a_400(client, key, limit):
+    response = client.get("/v1/batches", {"limit": limit}, **auth(key))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "limit"
+
+
+def test_ids_with_a_nul_are_simply_not_found(client, key):
+    assert client.get("/v1/batches/batch_\x00x", **auth(key)).status_code == 404
+    assert client.get("/v1/files/file-\x00x", **auth(key)).status_code == 404
+    assert client.get("/v1/batches", {"after": "batch_\x00"}, **auth(key)).status_code == 400
+
+
+def test_a_line_separator_inside_a_json_string_is_not_a_line_break(client, key):
+    odd = line(0, messages=[{"role": "user", "content": "one\u2028two\u0085three"}])
+    text = json.dumps(odd, ensure_ascii=False) + "\n" + json.dumps(line(1)) + "\n"
+    f = upload(client, key, text.encode())
+    assert f.status_code == 200, f.content
+    body = {"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    batch = client.post("/v1/batches", body, content_type="application/json", **auth(key)).json()
+    assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == 2, batch
+
+
+def test_a_batch_cancelled_while_it_is_validated_stays_cancelled(client, key):
+    from controlplane.batches.validation import validate
+    from controlplane.gateway.generation import caller_for_secret
+
+    f = upload(client, key, jsonl([line(0), line(1)])).json()
+
+    def cancelled_meanwhile(lines, endpoint, caller):
+        services.cancel_batch(Batch.objects.get(status=Batch.Status.VALIDATING))  # the client cancels now
+        return validate(lines, endpoint, caller)
+
+    body = {"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    batch = services.create_batch(caller_for_secret(key), body, cancelled_meanwhile)
+    assert batch.status == Batch.Status.CANCELLING and batch.total == 2
+
+
+def test_a_file_whose_bytes_are_gone_is_a_clear_409(client, key):
+    f = upload(client, key, jsonl([line(0)])).json()
+    (settings.BATCH_FILES_DIR / f["id"]).unlink()  # another web process's directory, say
+    body = {"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    response = client.post("/v1/batches", body, content_type="application/json", **auth(key))
+    assert response.status_code == 409 and "BATCH_FILES_DIR" in response.json()["error"]["message"]
+    assert not Batch.objects.exists()
+
+
+def test_a_dispatcher_run_that_ended_gives_back_its_lines_and_a_lost_lease_claims_nothing(client, key):
+    batch = Batch.objects.get(pk=create(client, key, [line(i) for i in range(3)]).json()["id"])
+    assert dispatcher.claim_batches("A") == [batch.id]
+    dispatcher.claim_lines(batch.id, "A", 2)
+    dispatcher.release_lines(batch.id, "A")  # its run failed (the database away): nothing is lost
+    assert set(BatchLine.objects.filter(batch=batch).values_list("state", flat=True)) == {"pending"}
+    Batch.objects.filter(pk=batch.pk).update(lease_owner="B")
+    assert dispatcher.claim_lines(batch.id, "A", 3) == []
