@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 # libibverbs + libnl: the Mooncake Transfer Engine loads them even for TCP transfers. PostgreSQL
 # and redis-server: each test run starts its own (tests/support/services.py); none need be running.
-APT_PACKAGES := postgresql redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 chromium
+APT_PACKAGES := postgresql redis-server libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 chromium prometheus
 FRONTEND_STAMP := frontend/node_modules/.installed
 FRONTEND_SOURCES := $(shell find frontend/src -type f) frontend/index.html frontend/vite.config.ts
 

@@ -15,6 +15,7 @@ from controlplane.deployments import crashes
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.gateway import failover
 from controlplane.gateway.routing import quality
+from controlplane.telemetry.vllm_names import add_vllm_series
 from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaStatus
 from workers.protocol.wire import ProtocolError
@@ -308,6 +309,7 @@ def render(redis_client) -> str:
             _speculation(exp, labels, metrics["speculative"])
         if isinstance(metrics.get("tenants"), dict):
             _tenants(exp, labels, metrics["tenants"])
+        add_vllm_series(exp, replica.deployment.slug, replica.pk, status)
     for slug, outcomes in sorted(failover.counts(redis_client).items()):
         for key, (name, help_text) in FAILOVER_COUNTERS.items():
             exp.add(name, "counter", help_text, {"deployment": slug}, outcomes[key])

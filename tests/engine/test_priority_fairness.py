@@ -238,3 +238,24 @@ def test_priorities_and_tenants_never_change_greedy_outputs(tight_llm, llama_dir
     assert engine.scheduler.num_preemptions > preemptions  # the case really preempted
     assert [got[f"r{i}"] for i in range(4)] == want
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_an_urgent_arrival_takes_the_budget_a_less_urgent_long_prompt_would_use():
+    sched = make(budget=8, n_blocks=64)
+    long = seq("long-batch", tuple(range(100)), priority=5)  # prefilled 8 tokens a step
+    sched.add(long)
+    run_step(sched)
+    sched.add(seq("chat", (1, 2, 3), priority=0))
+    out = run_step(sched)
+    assert [i.seq.request_id for i in out.all] == ["chat"]  # not after the batch's remaining 11 chunks
+    assert long.num_computed_tokens == 8 and long.status is SequenceStatus.RUNNING
+    assert "long-batch" in {i.seq.request_id for i in run_step(sched).all}
+
+
+def test_forked_samples_charge_their_shared_prompt_once(llama_dir):
+    engine = LLM(str(llama_dir), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64).engine
+    engine.add_request("r", list(range(10, 13)), SamplingParams(n=3, max_tokens=2, ignore_eos=True),
+                       share=Share(0, "t"))  # fmt: skip
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.fair.served["t"] == [3, 6]  # 3 prompt tokens once, 2 tokens per sample

@@ -26,6 +26,7 @@ sequence is recomputed to the same state.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class Scheduler:
     def add_running(self, seq: Sequence) -> None:
         """Admit a sequence whose prompt K/V is already in its blocks (computed elsewhere)."""
         seq.status = SequenceStatus.RUNNING
+        seq.scheduled_at = time.monotonic()
         self.fair.arrive(seq)
         self.running.append(seq)
 
@@ -165,6 +167,8 @@ class Scheduler:
 
         pressed = bool(preempted)  # the running ones did not fit: admit nobody
         for seq in self._admission_order():
+            if budget <= 0:  # a less urgent sequence's chunk may have taken it: it waits a step
+                budget += self._reclaim_budget(seq, scheduled)
             if budget <= 0 or pressed:
                 break
             forked = bool(seq.block_table)  # a forked sample: its prompt blocks are shared already
@@ -184,7 +188,10 @@ class Scheduler:
                 self.tiers.admitted(seq)
             if seq.num_preemptions == 0 and not forked:  # its first admission (a resumed one may have output)
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
-                self.fair.charge_prompt(seq)
+                if seq.index == 0:  # forked samples share the prompt: it is charged once
+                    self.fair.charge_prompt(seq)
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -222,6 +229,15 @@ class Scheduler:
             yield queue.popleft()
             if not queue:
                 del groups[key]
+
+    def _reclaim_budget(self, seq: Sequence, scheduled: list[ScheduledSeq]) -> int:
+        """The budget scheduled chunks of sequences less urgent than the waiting `seq` took
+        (they keep their blocks and go on at the next step); 0 if there are none."""
+        urgent = seq.share.priority
+        taken = [item for item in scheduled if item.seq.share.priority > urgent]
+        for item in taken:
+            scheduled.remove(item)
+        return sum(item.num_tokens for item in taken)
 
     def _preempt_for(self, seq: Sequence, scheduled: list[ScheduledSeq], preempted: list[Sequence]) -> int | None:
         """Preempt the least urgent running sequence (the youngest among equals) if it is less

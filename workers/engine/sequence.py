@@ -45,6 +45,7 @@ class Sequence:
         self.eos_token_ids = () if params.ignore_eos else eos_token_ids
         self.detokenizer = None  # an IncrementalDetokenizer when the model has a tokenizer
         self.arrival_time = time.monotonic()
+        self.scheduled_at: float | None = None  # when it was first scheduled (the end of its queueing)
         self.num_preemptions = 0
         self.hold_blocks = False  # keep the KV blocks after finishing (see LLMEngine.add_request)
         self.session_turn = False  # a turn of a session: its context starts the next turn's prompt

@@ -546,6 +546,7 @@ class ReplicaLoad(TypedDict, total=False):
     tokens_per_second: float
     prefix_cache_hits: int
     prefix_cache_queries: int
+    preemptions: int  # running sequences preempted since the replica started (recomputed later)
     # prefill and decode roles
     prefill_tokens_inflight: int
     kv_writes_inflight: int

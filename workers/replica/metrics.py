@@ -15,6 +15,8 @@ from workers.protocol.replica import KVTierCounters, KVTiersLoad, SpeculativeMet
 # Seconds. TTFT spans queueing and prefill; ITL one decode step plus delivery.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# A request's phases and whole life: from milliseconds (a queue that was empty) to minutes.
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 @dataclass
@@ -47,6 +49,12 @@ class ReplicaMetrics:
     generation_tokens: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    # Each finished request: waiting to be scheduled, its prompt (to the first token), its
+    # output (to the last), and the three together (vLLM's queue / prefill / decode / e2e).
+    queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    prefill: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    decode: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
 
     def token(self, arrived: float, last: float | None, now: float, n: int = 1) -> None:
         """`n` tokens of one request came out at `now` (previous one at `last`)."""
@@ -61,6 +69,13 @@ class ReplicaMetrics:
         self.prompt_tokens += prompt_tokens
         self.cached_prompt_tokens += cached_tokens
 
+    def phases(self, queue: float, prefill: float, decode: float) -> None:
+        """A finished request's time in each phase (seconds, each >= 0)."""
+        self.queue.observe(queue)
+        self.prefill.observe(prefill)
+        self.decode.observe(decode)
+        self.e2e.observe(queue + prefill + decode)
+
     def as_dict(self) -> dict:
         return {
             "requests_finished": self.requests_finished,
@@ -71,6 +86,10 @@ class ReplicaMetrics:
             "generation_tokens": self.generation_tokens,
             "ttft_seconds": self.ttft.as_dict(),
             "itl_seconds": self.itl.as_dict(),
+            "queue_seconds": self.queue.as_dict(),
+            "prefill_seconds": self.prefill.as_dict(),
+            "decode_seconds": self.decode.as_dict(),
+            "e2e_seconds": self.e2e.as_dict(),
         }
 
 

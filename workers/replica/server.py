@@ -316,6 +316,9 @@ class ReplicaServer:
                 if not req.samples_left:
                     self.inflight.pop(d.request_id, None)
                     self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
+                    scheduled = min(max(d.scheduled_at or req.arrived, req.arrived), req.first_token_at)
+                    self.metrics.phases(scheduled - req.arrived, req.first_token_at - scheduled,
+                                        now - req.first_token_at)  # fmt: skip
                 event.finish_reason = d.finish_reason
                 event.stop_reason = d.stop_reason
                 event.usage = {
@@ -457,6 +460,7 @@ class ReplicaServer:
             "tokens_per_second": round(self.tokens_per_second, 2),
             "prefix_cache_hits": stats["prefix_cache_hits"],
             "prefix_cache_queries": stats["prefix_cache_queries"],
+            "preemptions": stats["preemptions"],
         }
         if self.rank_memory:
             load["rank_memory"] = self.rank_memory
