@@ -58,6 +58,7 @@ class Caller:
     # weight of the key they asked with.
     tenant: str = ""
     weight: float = 1.0
+    min_priority: int = 0  # the most urgent priority it may ask for (ApiKey.min_priority)
     # A line of this batch (controlplane/batches): it runs at the batch priority, below every
     # interactive request, and outside the key's per-minute limits.
     batch: str | None = None
@@ -81,7 +82,7 @@ def caller_for_secret(secret: str | None) -> Caller:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     if batch_id is not None:
         return Caller(key, allowed, f"batch:{batch_id}", key.owner.get_username(), key.weight, batch=batch_id)
-    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight)
+    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight, key.min_priority)
 
 
 def _batch_key(batch_id: str) -> ApiKey | None:
@@ -390,6 +391,12 @@ async def start(
     """Admit `req`: `headers` are the HTTP request's (the session header is read from them),
     `session` a websocket request's session key."""
     hub = get_hub()
+    if req.priority < caller.min_priority:
+        raise GatewayError(
+            403, f"This API key may not ask for priority {req.priority}: the most urgent it may ask for is "
+            f"{caller.min_priority} (service_tier 'priority' is -1; an operator sets the key's min_priority).",
+            "priority", "priority_not_allowed",
+        )  # fmt: skip
     deployment, candidates = await _deployment_and_replicas(req.model, caller)
     session = session_of(deployment, req, headers, session)
     await tokenization.tokenize(deployment, req)  # the router's ids; refused here if over the context

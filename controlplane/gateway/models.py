@@ -3,7 +3,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.deployments.models import Deployment
-from workers.protocol.replica import MAX_TENANT_WEIGHT
+from workers.protocol.replica import MAX_TENANT_WEIGHT, PRIORITY_LIMIT
 
 
 class ApiKey(models.Model):
@@ -25,6 +25,14 @@ class ApiKey(models.Model):
         default=1.0,
         validators=[MinValueValidator(0.01), MaxValueValidator(MAX_TENANT_WEIGHT)],
         help_text="share of the engines against other tenants' keys under load (default 1)",
+    )
+    # Priorities (lower runs first, workers/engine/scheduler.py) are the operator's to grant: a key
+    # may ask for its own requests to go later, never ahead of this.
+    min_priority = models.IntegerField(
+        default=0,
+        validators=[MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRIORITY_LIMIT)],
+        help_text="the most urgent priority the key may ask for (0: none ahead of the default; "
+        "service_tier 'priority' is -1)",
     )
     revoked = models.BooleanField(default=False)
     revoked_at = models.DateTimeField(null=True, blank=True)

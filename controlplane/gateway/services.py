@@ -12,7 +12,15 @@ KEY_PREFIX = "sy-"
 
 @transaction.atomic
 def create_api_key(
-    *, name: str, owner, allowed_deployments=(), rpm_limit=None, tpm_limit=None, weight=1.0, actor=None
+    *,
+    name: str,
+    owner,
+    allowed_deployments=(),
+    rpm_limit=None,
+    tpm_limit=None,
+    weight=1.0,
+    min_priority=0,
+    actor=None,
 ) -> tuple[ApiKey, str]:
     """Returns the key and its secret; the secret is not stored and cannot be shown again."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -24,6 +32,7 @@ def create_api_key(
         rpm_limit=rpm_limit,
         tpm_limit=tpm_limit,
         weight=weight,
+        min_priority=min_priority,
     )
     key.allowed_deployments.set(allowed_deployments)
     record_event("api_key.created", key, actor=actor or owner)

@@ -37,7 +37,7 @@ def redis_client():
 def test_priority_and_tenant_reach_the_replica(client, redis_client, django_user_model, body, priority):
     replica = serve()
     owner = django_user_model.objects.create_user("tenant-a")
-    _, key = create_api_key(name="k", owner=owner, weight=2.5)
+    _, key = create_api_key(name="k", owner=owner, weight=2.5, min_priority=-100)
     with played_replica(redis_client, replica) as seen:
         post(client, key, {**CHAT, **body})
     [sent] = seen
@@ -95,3 +95,20 @@ def test_a_keys_weight_is_set_and_checked_in_the_management_api(client, django_u
         refused = client.patch(f"/api/v1/api-keys/{pk}/", {"weight": bad}, content_type="application/json")
         assert refused.status_code == 400 and "weight" in refused.json(), (bad, refused.content)
     assert client.get(f"/api/v1/api-keys/{pk}/").json()["weight"] == 0.5
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("body", "allowed"), [({"service_tier": "priority"}, False), ({"priority": -3}, False),
+                                               ({"priority": 4}, True), ({"service_tier": "flex"}, True)])  # fmt: skip
+def test_a_key_may_not_ask_ahead_of_its_min_priority(client, redis_client, django_user_model, body, allowed):
+    replica = serve()
+    _, key = create_api_key(name="k", owner=django_user_model.objects.create_user("tenant-d"))  # min_priority 0
+    with played_replica(redis_client, replica) as seen:
+        response = client.post("/v1/chat/completions", {**CHAT, **body}, content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {key}")  # fmt: skip
+    if allowed:
+        assert response.status_code == 200 and len(seen) == 1, response.content
+    else:
+        assert response.status_code == 403 and not seen
+        assert response.json()["error"]["code"] == "priority_not_allowed"
+        assert "min_priority" in response.json()["error"]["message"]

@@ -21,6 +21,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
             "rpm_limit",
             "tpm_limit",
             "weight",
+            "min_priority",
             "revoked",
             "revoked_at",
             "last_used_at",
