@@ -20,5 +20,6 @@ app.autodiscover_tasks(
         "controlplane.deployments",
         "controlplane.inventory",
         "controlplane.telemetry",
+        "controlplane.usage",
     ]
 )

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "controlplane.autoscaling",
     "controlplane.gateway",
     "controlplane.batches",
+    "controlplane.usage",
     "controlplane.telemetry",
     "controlplane.planner",
     "controlplane.console",
@@ -119,6 +120,10 @@ BATCH_MAX_LINES = env.int("BATCH_MAX_LINES", default=50_000)
 BATCH_FILES_DIR = Path(env("BATCH_FILES_DIR", default="") or STATE_DIR / "files")
 # Where the control worker's batch dispatcher sends a batch's lines: the web process's own API.
 GATEWAY_URL = env("GATEWAY_URL", default="http://127.0.0.1:8000")
+# The share of a deployment's sequence slots a batch may fill, less the interactive requests there.
+BATCH_FILL = env.float("BATCH_FILL", default=0.5)
+# Usage per tenant (controlplane/usage): hourly rows older than this are deleted.
+USAGE_RETENTION_DAYS = env.int("USAGE_RETENTION_DAYS", default=90)
 
 CHANNEL_LAYERS = {
     "default": {
@@ -173,6 +178,7 @@ CELERY_BEAT_SCHEDULE = {
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
     "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
     "autoscale": {"task": "autoscaling.tick", "schedule": env.float("AUTOSCALE_INTERVAL", default=15.0)},
+    "usage": {"task": "usage.flush", "schedule": 10.0},
     "batches": {"task": "batches.dispatch", "schedule": env.float("BATCH_DISPATCH_INTERVAL", default=2.0)},
 }
 

@@ -14,6 +14,7 @@ api_v1 = [
     path("", include("controlplane.deployments.api.urls")),
     path("", include("controlplane.gateway.api.urls")),
     path("", include("controlplane.batches.api.urls")),
+    path("", include("controlplane.usage.api.urls")),
     path("", include("controlplane.events.api.urls")),
     path("", include("controlplane.telemetry.api.urls")),
     path("", include("controlplane.planner.api.urls")),
@@ -23,7 +24,9 @@ api_v1 = [
 ]
 
 # The pages the console routes in the browser (frontend/src/App.tsx; a test compares the two).
-CONSOLE_PAGES = r"^(?:deployments(?:/[^/]+)?|models|inventory|cache-policies|api-keys|batches|events|playground)/?$"
+CONSOLE_PAGES = (
+    r"^(?:deployments(?:/[^/]+)?|models|inventory|cache-policies|api-keys|batches|usage|events|playground)/?$"
+)
 
 urlpatterns = [
     path("", read_only(console.spa), name="console"),

@@ -34,6 +34,7 @@ from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, Requ
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.routing import quality, router
 from controlplane.gateway.services import authenticate
+from controlplane.usage import services as usage_counts
 from workers.protocol.replica import (
     BATCH_PRIORITY,
     ENGINE_ERROR,
@@ -59,6 +60,12 @@ class Caller:
     tenant: str = ""
     weight: float = 1.0
     min_priority: int = 0  # the most urgent priority it may ask for (ApiKey.min_priority)
+    user_id: int | None = None  # whose usage it is (controlplane/usage): the key's owner, or the console's user
+
+    @property
+    def key_id(self) -> int | None:
+        return self.key.pk if self.key is not None else None
+
     # A line of this batch (controlplane/batches): it runs at the batch priority, below every
     # interactive request, and outside the key's per-minute limits.
     batch: str | None = None
@@ -81,8 +88,10 @@ def caller_for_secret(secret: str | None) -> Caller:
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:  # a write per minute at most
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     if batch_id is not None:
-        return Caller(key, allowed, f"batch:{batch_id}", key.owner.get_username(), key.weight, batch=batch_id)
-    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight, key.min_priority)
+        return Caller(key, allowed, f"batch:{batch_id}", key.owner.get_username(), key.weight, batch=batch_id,
+                      user_id=key.owner_id)  # fmt: skip
+    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight, key.min_priority,
+                  user_id=key.owner_id)  # fmt: skip
 
 
 def _batch_key(batch_id: str) -> ApiKey | None:
@@ -92,7 +101,7 @@ def _batch_key(batch_id: str) -> ApiKey | None:
 
 
 def caller_from_user(user) -> Caller:
-    return Caller(None, None, f"user:{user.get_username()}", user.get_username())
+    return Caller(None, None, f"user:{user.get_username()}", user.get_username(), user_id=user.pk)
 
 
 def secret_from_header(value: str | None) -> str | None:
@@ -189,6 +198,8 @@ class Generation:
                     spent = usage["completion_tokens"] + (0 if self.prompt_counted else usage["prompt_tokens"])
                     if self.caller.batch is None:  # a batch's lines are paced by its dispatcher
                         await ratelimit.count_tokens(self.stream.hub.redis, self.caller.key, spent)
+                    await usage_counts.count(self.stream.hub.redis, self.caller.user_id, self.caller.key_id,
+                                             self.deployment.slug, usage, first=not self.usage_seen)  # fmt: skip
                     if not self.usage_seen:
                         await quality.record_usage(self.stream.hub.redis, self.deployment.slug, usage)
                     self.prompt_counted = self.usage_seen = True

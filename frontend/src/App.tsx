@@ -9,6 +9,7 @@ import { Inventory } from "./pages/Inventory";
 import { CachePolicies } from "./pages/CachePolicies";
 import { ApiKeys } from "./pages/ApiKeys";
 import { Batches } from "./pages/Batches";
+import { Usage } from "./pages/Usage";
 import { Events } from "./pages/Events";
 import { Playground } from "./pages/Playground";
 
@@ -22,6 +23,7 @@ export const PAGES: [string, string][] = [
   ["/cache-policies", "Cache policies"],
   ["/api-keys", "API keys"],
   ["/batches", "Batches"],
+  ["/usage", "Usage"],
   ["/events", "Events"],
   ["/playground", "Playground"],
 ];
@@ -60,6 +62,7 @@ export function App() {
           <Route path="/cache-policies" element={<CachePolicies />} />
           <Route path="/api-keys" element={<ApiKeys />} />
           <Route path="/batches" element={<Batches />} />
+          <Route path="/usage" element={<Usage />} />
           <Route path="/events" element={<Events />} />
           <Route path="/playground" element={<Playground />} />
           <Route path="*" element={<p>No such page.</p>} />

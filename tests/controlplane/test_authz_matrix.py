@@ -166,6 +166,8 @@ ROWS = [
     Row("POST",   "/v1/detokenize",                     (401, 401, 401, 501, 401, 403, 401, 401, 401),
         {"model": "demo", "tokens": [1, 2]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
+    # Usage per tenant: a user gets their own, staff everyone's.
+    Row("GET",    "/api/v1/usage/",                     (401, 200, 200, 401, 401, 401, 200, 200, 401)),
     # Batches in the management API: a user sees their own (the seeded one is the user's), staff
     # cancel; the seeded batch has an output file and no error file (404).
     Row("GET",    "/api/v1/batches/",                   (401, 200, 200, 401, 401, 401, 200, 200, 401)),
