@@ -16,7 +16,8 @@ The gateway runs them at the batch priority, below every interactive request: th
 them last and preempts them first. The dispatcher keeps at most what the deployment has to spare
 in flight: BATCH_FILL of its ready replicas' sequence slots, less the interactive requests running and
 waiting there, and nothing new while interactive requests wait or the KV cache is nearly full
-(one line always, so a busy fleet still moves the batch on).
+(one line always, so a busy fleet still moves the batch on). Batches on one deployment share
+that room: the lines of every batch in flight there count, none as interactive load.
 
 A line whose replica was lost (502 `replica_error`), or that found no replica or broker (503), or
 whose connection to the gateway broke (a web restart), is sent again (up to MAX_FAILURES times
@@ -177,7 +178,8 @@ class Dispatcher:
         await self.db(services.write_result, line, self.token, attempt, ok, result)
 
     def capacity(self, model: str | None, inflight: int) -> int:
-        """How many lines may be in flight now (see the module's docstring)."""
+        """How many lines this batch (`inflight` of its lines in flight) may have in flight now,
+        its share of what the deployment has to spare for every batch (the module's docstring)."""
         deployment = Deployment.objects.filter(slug=model or "").first()
         if deployment is None:  # its lines fail with the gateway's 404: one at a time
             return 1
@@ -202,12 +204,15 @@ class Dispatcher:
             waiting += load.get("waiting", 0)
             free += load.get("kv_blocks_free", 0)
             total += load.get("kv_blocks_total", 0)
+        # Every batch's lines on this deployment share the room: none is taken for interactive load.
+        lines = BatchLine.objects.filter(state=BatchLine.State.SENT, batch__model=model, batch__status__in=Batch.ACTIVE)
+        batched = max(lines.count(), inflight)
         slots = int(len(ready) * deployment.max_num_seqs * settings.BATCH_FILL)
-        interactive = max(0, running + waiting - inflight)
+        interactive = max(0, running + waiting - batched)
         limit = max(1, slots - interactive)
-        if waiting > inflight or (total and 1 - free / total > KV_FULL):  # interactive requests queue: hold
-            limit = max(1, min(limit, inflight))
-        return limit
+        if waiting > batched or (total and 1 - free / total > KV_FULL):  # interactive requests queue: hold
+            limit = max(1, min(limit, batched))
+        return max(inflight + limit - batched, min(inflight + 1, 1))  # each batch keeps one line going
 
 
 def _ending(batch: Batch) -> tuple[str, str, str] | None:
