@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -329,3 +330,21 @@ def test_the_usage_page_counts_the_playgrounds_requests_and_exports_csv(page):
     page.get_by_label("Group by").select_option("deployment")
     expect(page.locator('tr[data-usage="demo"]')).to_be_visible()
     shot(page, "usage")
+
+
+def test_events_show_their_date_and_filter_by_kind_and_keys_their_owner(page):
+    page.get_by_role("link", name="Events", exact=True).click()
+    table = page.get_by_role("table", name="Events")
+    expect(table.locator("tbody tr").first.locator(".when")).to_contain_text(str(time.gmtime().tm_year))
+    page.get_by_label("Kind").select_option("deployment.created")
+    rows = table.locator("tbody tr")
+    expect(rows.first).to_have_attribute("data-verb", "deployment.created")
+    verbs = {row.get_attribute("data-verb") for row in rows.all()}
+    assert verbs == {"deployment.created"}, verbs
+    shot(page, "events-filtered")
+    page.get_by_role("link", name="API keys", exact=True).click()
+    form = page.get_by_role("form", name="Create a key")
+    form.get_by_label("Name").fill("owned")
+    form.get_by_role("button", name="Create key").click()
+    expect(page.locator('tr[data-key="owned"] .owner')).to_have_text("operator (you)")
+    shot(page, "api-keys-owner")

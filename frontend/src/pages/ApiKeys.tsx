@@ -7,8 +7,10 @@ export function ApiKeys() {
   const [form, setForm] = useState({ name: "", rpm_limit: "", tpm_limit: "", weight: "" });
   const [secret, setSecret] = useState<string | null>(null);
   const [errors, setErrors] = useState<Record<string, string>>({});
+  const [me, setMe] = useState("");
   const load = useCallback(() => list("api-keys/").then(setRows), []);
   useEffect(() => { load(); }, [load]);
+  useEffect(() => { api("auth/me/").then((u) => setMe(u.username)); }, []);
   const create = async (e: FormEvent) => {
     e.preventDefault();
     setErrors({});
@@ -52,12 +54,12 @@ export function ApiKeys() {
           <button onClick={() => setSecret(null)}>Done</button>
         </div>
       )}
-      <table>
-        <thead><tr><th>Name</th><th>Prefix</th><th>Limits and share</th><th>Last used</th><th>State</th><th /></tr></thead>
+      <div className="scroll"><table aria-label="API keys">
+        <thead><tr><th>Name</th><th>Owner</th><th>Prefix</th><th>Limits and share</th><th>Last used</th><th>State</th><th /></tr></thead>
         <tbody>
           {rows.map((k) => (
-            <tr key={k.id}>
-              <td>{k.name}</td><td><code>{k.prefix}…</code></td>
+            <tr key={k.id} data-key={k.name}>
+              <td>{k.name}</td><td className="owner">{k.owner}{k.owner === me ? " (you)" : ""}</td><td><code>{k.prefix}…</code></td>
               <td>{k.rpm_limit ?? "∞"} rpm · {k.tpm_limit ?? "∞"} tpm · weight {k.weight}</td>
               <td>{k.last_used_at ? new Date(k.last_used_at).toLocaleString() : "never"}</td>
               <td>{k.revoked ? "revoked" : "active"}</td>
@@ -68,7 +70,7 @@ export function ApiKeys() {
             </tr>
           ))}
         </tbody>
-      </table>
+      </table></div>
       <h2>Create a key</h2>
       <form className="inline card" onSubmit={create} aria-label="Create a key">
         <Field label="Name" error={errors.name}><input value={form.name} onChange={(e) => setForm({ ...form, name: e.target.value })} /></Field>
