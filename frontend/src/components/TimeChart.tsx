@@ -23,8 +23,10 @@ export function TimeChart({
     plot.current = new uPlot(
       {
         title,
-        width: 360,
+        width: Math.max(240, host.current.clientWidth || 360),
         height: 170,
+        // The legend names the series; values show on hover (without one it would read "--").
+        legend: { live: false },
         series: [{}, ...labels.map((label, i) => ({ label, stroke: colors[i % colors.length], points: { show: true, size: 4 } }))],
         axes: [{}, fraction ? { size: 50, values: (_u: uPlot, splits: number[]) => percentTicks(splits) } : { size: 50 }],
         scales: fraction ? { y: { range: [0, 1] } } : {},
@@ -32,7 +34,16 @@ export function TimeChart({
       data as uPlot.AlignedData,
       host.current,
     );
-    return () => plot.current?.destroy();
+    // As wide as its place in the grid, and again whenever that changes (the page's width).
+    const resize = new ResizeObserver(([entry]) => {
+      const width = Math.floor(entry.contentRect.width);
+      if (width > 0 && plot.current && Math.abs(plot.current.width - width) > 2) plot.current.setSize({ width, height: 170 });
+    });
+    resize.observe(host.current);
+    return () => {
+      resize.disconnect();
+      plot.current?.destroy();
+    };
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [title, labels.join("|"), fraction]);
   useEffect(() => {
