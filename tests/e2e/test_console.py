@@ -348,3 +348,27 @@ def test_events_show_their_date_and_filter_by_kind_and_keys_their_owner(page):
     form.get_by_role("button", name="Create key").click()
     expect(page.locator('tr[data-key="owned"] .owner')).to_have_text("operator (you)")
     shot(page, "api-keys-owner")
+
+
+def test_the_playground_sends_tool_choice_and_response_format(page):
+    page.get_by_role("link", name="Playground", exact=True).click()
+    page.get_by_label("Deployment").select_option("demo")
+    page.get_by_label("Output").select_option("json_object")
+    page.get_by_label("Message").fill("Describe Tokyo.")
+    page.get_by_role("button", name="Send").click()
+    answer = page.get_by_role("log").locator(".turn").last
+    expect(answer.locator(".stats")).to_contain_text("done", timeout=60_000)
+    assert answer.locator(".answer").inner_text().split(":", 1)[1].strip().startswith("{")  # constrained to JSON
+    page.get_by_role("button", name="Clear").click()
+    page.get_by_label("Output").select_option("text")
+    page.get_by_text('Tools (OpenAI "tools" JSON, optional)').click()
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    page.get_by_label("Tools", exact=True).fill(json.dumps([tool]))
+    page.get_by_label("Tool choice").select_option("required")
+    page.get_by_label("Message").fill("What time is it in Tokyo?")
+    page.get_by_role("button", name="Send").click()
+    answer = page.get_by_role("log").locator(".turn").last
+    expect(answer.locator(".stats")).to_contain_text("done", timeout=60_000)
+    expect(answer.locator(".answer code")).to_contain_text("→ get_time(")  # a call, as required
+    shot(page, "playground-controls")

@@ -8,6 +8,8 @@ export function Playground() {
   const [model, setModel] = useState("");
   const [message, setMessage] = useState("");
   const [tools, setTools] = useState("");
+  const [toolChoice, setToolChoice] = useState("auto");
+  const [format, setFormat] = useState("text");
   const [toolsError, setToolsError] = useState("");
   const [turns, setTurns] = useState<{ question: string; answer: Answer }[]>([]);
   const ws = useRef<ReconnectingWebSocket | null>(null);
@@ -42,7 +44,11 @@ export function Playground() {
     const history = turns.flatMap((t) => [{ role: "user", content: t.question }, { role: "assistant", content: t.answer.text }]);
     setTurns((ts) => [...ts, { question: message, answer: newAnswer(id, performance.now()) }]);
     const request: any = { id, model, messages: [...history, { role: "user", content: message }], max_tokens: 128 };
-    if (parsedTools) request.tools = parsedTools;
+    if (parsedTools) {
+      request.tools = parsedTools;
+      request.tool_choice = toolChoice;
+    }
+    if (format !== "text") request.response_format = { type: format };
     ws.current?.send(JSON.stringify(request));
     setMessage("");
   };
@@ -60,6 +66,13 @@ export function Playground() {
           Message
           <input size={60} value={message} onChange={(e) => setMessage(e.target.value)} />
         </label>
+        <label>
+          Output
+          <select value={format} onChange={(e) => setFormat(e.target.value)}>
+            <option value="text">text</option>
+            <option value="json_object">JSON object (constrained)</option>
+          </select>
+        </label>
         <button type="submit">Send</button>
         <button type="button" onClick={() => setTurns([])}>Clear</button>
       </form>
@@ -69,6 +82,14 @@ export function Playground() {
           Tools
           <textarea rows={6} cols={90} value={tools} onChange={(e) => setTools(e.target.value)}
             placeholder='[{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]' />
+        </label>
+        <label>
+          Tool choice
+          <select value={toolChoice} onChange={(e) => setToolChoice(e.target.value)}>
+            <option value="auto">auto (the model decides)</option>
+            <option value="required">required (a call, enforced)</option>
+            <option value="none">none (tools hidden)</option>
+          </select>
         </label>
         {toolsError && <p className="error">{toolsError}</p>}
       </details>
