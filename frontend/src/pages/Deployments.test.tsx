@@ -57,6 +57,26 @@ describe("deployment page", () => {
     expect((await screen.findByTestId("speculation-settings")).textContent).toBe("eagle3 (demo-draft), k 4");
   });
 
+  it("folds failed replicas of earlier generations away with their cause, and shows no stale load", async () => {
+    deployment.current = { ...base, generation: 3 };
+    const load = { running: 1, waiting: 0, tokens_per_second: 14.35, kv_blocks_total: 10, kv_blocks_free: 4 };
+    deployment.replicas = [
+      { id: 7, role: "colocated", generation: 3, state: "ready", node: "n", ranks: [], load },
+      { id: 5, role: "colocated", generation: 3, state: "failed", node: "n", ranks: [], load, last_error: "exit code 70" },
+      { id: 2, role: "colocated", generation: 1, state: "failed", node: "n", ranks: [], load, last_error: "out of memory" },
+    ];
+    const { container } = renderDetail();
+    await screen.findByText("colocated replicas");
+    expect(container.querySelector('tr[data-replica="2"]')).toBeNull();
+    const earlier = screen.getByTestId("earlier-generations");
+    expect(earlier.textContent).toContain("1 failed replica of earlier generations");
+    expect(earlier.textContent).toContain("replica 2 (generation 1, colocated): out of memory");
+    const failed = container.querySelector('tr[data-replica="5"]')!;
+    expect(failed.textContent).not.toContain("14.35");
+    expect(container.querySelector('tr[data-replica="7"]')!.textContent).toContain("14.35 tok/s");
+    deployment.replicas = [];
+  });
+
   it("shows nothing when every replica is placed", async () => {
     deployment.current = { ...base, placement_error: "" };
     renderDetail();

@@ -215,6 +215,9 @@ export function DeploymentDetail() {
   };
   if (!dep) return <p className="error">{error || "Loading…"}</p>;
   const live = replicas.filter((r) => !["stopped"].includes(r.state));
+  // Replicas of earlier generations that failed are history, not the deployment's state now.
+  const current = live.filter((r) => !(r.state === "failed" && r.generation < dep.generation));
+  const earlier = live.filter((r) => r.state === "failed" && r.generation < dep.generation);
   return (
     <>
       <h1>{dep.slug}</h1>
@@ -237,7 +240,7 @@ export function DeploymentDetail() {
       {dep.placement_error && <p className="error" data-testid="placement-error">Cannot place replicas: {dep.placement_error}</p>}
       {(!dep.cache_policy || policy?.name === dep.cache_policy) && <TierUse policy={policy} replicas={live} />}
       {["colocated", "prefill", "decode"].map((role) => {
-        const rs = live.filter((r) => r.role === role);
+        const rs = current.filter((r) => r.role === role);
         if (!rs.length) return null;
         return (
           <section key={role}>
@@ -252,8 +255,8 @@ export function DeploymentDetail() {
                     <td>{r.node}</td>
                     <td><Ranks ranks={r.ranks ?? []} memory={r.load?.rank_memory} /></td>
                     <td className="muted">
-                      {r.load?.running ?? 0} running, {r.load?.waiting ?? 0} waiting, {r.load?.tokens_per_second ?? 0} tok/s,
-                      KV {r.load?.kv_blocks_total ? `${r.load.kv_blocks_total - r.load.kv_blocks_free}/${r.load.kv_blocks_total}` : "–"}
+                      {["failed", "stopped", "pending"].includes(r.state) ? "–" : <>{r.load?.running ?? 0} running, {r.load?.waiting ?? 0} waiting, {r.load?.tokens_per_second ?? 0} tok/s,
+                      KV {r.load?.kv_blocks_total ? `${r.load.kv_blocks_total - r.load.kv_blocks_free}/${r.load.kv_blocks_total}` : "–"}</>}
                     </td>
                     <td>{r.progress?.stage ? `${r.progress.stage} (${Math.round(r.progress.fraction * 100)}%)` : ""}</td>
                     <td className="error">{r.last_error}</td>
@@ -267,6 +270,16 @@ export function DeploymentDetail() {
           </section>
         );
       })}
+      {earlier.length > 0 && (
+        <details data-testid="earlier-generations">
+          <summary>{earlier.length} failed replica{earlier.length === 1 ? "" : "s"} of earlier generations</summary>
+          <ul>
+            {earlier.map((r) => (
+              <li key={r.id}>replica {r.id} (generation {r.generation}, {r.role}): {r.last_error || "no error recorded"}</li>
+            ))}
+          </ul>
+        </details>
+      )}
       <Crashes events={crashes} />
     </>
   );
