@@ -221,7 +221,8 @@ async def fairness_run(stack, http, light_key: str, fair: bool, seconds: float, 
 async def _main(args) -> dict:
     quiet = args.json
     trace = arrivals(args.seconds, args.rate, args.rate, args.seed)
-    with environ(CPU_REPLICAS_PER_DEVICE=str(REPLICAS + 2), TELEMETRY_INTERVAL="1", BATCH_DISPATCH_INTERVAL="1"):
+    with environ(CPU_REPLICAS_PER_DEVICE=str(REPLICAS + 2), TELEMETRY_INTERVAL="1", BATCH_DISPATCH_INTERVAL="1",
+                 BATCH_FILL=str(args.fill)):  # fmt: skip
         log("starting make run on its own Redis", quiet)
         stack = Stack(quiet, hang_seconds=30.0)
     try:
