@@ -372,3 +372,25 @@ def test_the_playground_sends_tool_choice_and_response_format(page):
     expect(answer.locator(".stats")).to_contain_text("done", timeout=60_000)
     expect(answer.locator(".answer code")).to_contain_text("→ get_time(")  # a call, as required
     shot(page, "playground-controls")
+
+
+def test_every_page_fits_a_phones_width(browser, site):
+    """At 390 px nothing makes the page scroll sideways: tables scroll within themselves."""
+    context = browser.new_context(base_url=site, viewport={"width": 390, "height": 800})
+    page = context.new_page()
+    page.goto("/")
+    page.get_by_label("Username").fill("operator")
+    page.get_by_label("Password").fill("pw-operator-1")
+    page.get_by_role("button", name="Sign in").click()
+    nav = page.get_by_role("navigation")
+    wide = {}
+    for name in PAGES:
+        nav.get_by_role("link", name=name, exact=True).click()
+        expect(page.get_by_role("heading", level=1, name=name)).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > 390:
+            wide[name] = width
+        shot(page, f"phone-{name.lower().replace(' ', '-')}")
+    context.close()
+    assert wide == {}, f"pages wider than the screen: {wide}"

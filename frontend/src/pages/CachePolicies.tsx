@@ -58,6 +58,7 @@ export function CachePolicies() {
           ))}
         </tbody>
       </table>
+      {rows.length === 0 && <p className="muted" data-testid="empty">No cache policies yet: deployments without one use the defaults (prefix caching on, 16-token blocks, no KV tiers). Create one below.</p>}
       <h2>{editing ? "Edit policy" : "Create a policy"}</h2>
       <form className="inline card" onSubmit={save} aria-label="Cache policy">
         <Field label="Name" error={errors.name}><input value={form.name} onChange={set("name")} /></Field>

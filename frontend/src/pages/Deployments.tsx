@@ -98,6 +98,7 @@ export function Deployments() {
           ))}
         </tbody>
       </table>
+      {rows.length === 0 && <p className="muted" data-testid="empty">No deployments yet: create one below from a registered model.</p>}
       <h2>Create a deployment</h2>
       <form className="inline card" onSubmit={create} aria-label="Create a deployment">
         <Field label="Name" error={errors.slug}><input value={form.slug} onChange={set("slug")} /></Field>
