@@ -2,7 +2,8 @@
 requests uploaded, a batch created, its lines sent by the control worker's dispatcher to
 simulated replicas, the output file read back. Then the same while a replica is killed and the
 control worker is killed (and started again, as its supervisor would): the output still holds
-every custom_id exactly once, each with the answer its own request gets alone."""
+every custom_id exactly once, each with the answer its own request gets alone; and again when
+the web process is killed mid-batch and started again."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from tests.support.stack import (
     pid_alive,
     processes,
     stack_env,
+    start_web,
     stop,
     wait_for,
     wait_online,
     wait_ready,
+    wait_web,
 )
 from workers.bench.processes import ROOT, free_port
 
@@ -51,7 +54,10 @@ def run_batch(client: openai.OpenAI, n: int):
 
 def finished(client: openai.OpenAI, batch_id: str, timeout: float):
     def done():
-        batch = client.batches.retrieve(batch_id)
+        try:
+            batch = client.batches.retrieve(batch_id)
+        except openai.APIConnectionError:  # the web process is being restarted
+            return None
         return batch if batch.status in ("completed", "failed", "expired", "cancelled") else None
 
     return wait_for(done, timeout, f"batch {batch_id} to end", interval=0.5)
@@ -121,14 +127,31 @@ def test_a_batch_runs_and_survives_a_replica_and_the_control_worker_being_killed
                 before = client.batches.retrieve(batch.id).request_counts.completed
                 assert before < n, "the batch ended before the kills: make it longer"
                 done = finished(client, batch.id, 150)
+                assert not pid_alive(victim.pid)
+                # The lines the killed worker had in flight went out again, under the new worker's lease.
+                resent = BatchLine.objects.filter(batch_id=batch.id, attempts__gt=1).count()
+                assert resent > 0
+                print(f"{resent} lines sent again after the kills; {before} of {n} were answered before")
+                check_output(client, done, n, alone)
+
+                # 3. The web process killed mid-batch and started again: the dispatcher's requests
+                # in flight broke; it sends them again once the web answers.
+                batch = run_batch(client, 60)
+                lines = BatchLine.objects.filter(batch_id=batch.id)
+                wait_for(lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(), 60,
+                         "5 lines answered and more in flight", interval=0.05)  # fmt: skip
+                web = next(p for p in procs if "uvicorn" in p.args)
+                os.kill(web.pid, signal.SIGKILL)
+                web.wait(10)
+                web2, web_log = start_web(tmp_path, port, env, "web-2")
+                try:
+                    wait_web(f"http://127.0.0.1:{port}")
+                    done = finished(client, batch.id, 120)
+                    check_output(client, done, 60, alone)
+                    # The file the client downloads is the one it was told about, every line in it once.
+                    output = client.files.content(done.output_file_id).content
+                    assert client.files.retrieve(done.output_file_id).bytes == len(output)
+                finally:
+                    stop([web2], [web_log], timeout=20)
             finally:
                 stop([again], [], timeout=20)
-        assert not pid_alive(victim.pid)
-        # The lines the killed worker had in flight went out again, under the new worker's lease.
-        resent = BatchLine.objects.filter(batch_id=batch.id, attempts__gt=1).count()
-        assert resent > 0
-        print(f"{resent} lines sent again after the kills; {before} of {n} were answered before")
-        check_output(client, done, n, alone)
-        # The file the client downloads is the one it was told about, every line in it once.
-        output = client.files.content(done.output_file_id).content
-        assert client.files.retrieve(done.output_file_id).bytes == len(output)
