@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from controlplane.batches.tokens import batch_id_of
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import failover, ratelimit, selectors, tokenization
+from controlplane.gateway import failover, ratelimit, selectors, tokenization, tracing
 from controlplane.gateway.core import GatewayError, GenerationRequest
 from controlplane.gateway.core.checks import session_key
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
@@ -162,6 +162,9 @@ class Generation:
     losses: failover.Losses = field(default_factory=failover.Losses)  # replicas lost under it
     prompt_counted: bool = False  # its prompt tokens counted against the key's TPM when it was sent
     usage_seen: bool = False  # a choice's final usage arrived (with `n` > 1 each choice sends one)
+    trace: tracing.RequestTrace | None = None  # its span, when tracing is on (tracing.py)
+    final_event: DeltaEvent | None = None  # the last choice's final event (its timings, for the trace)
+    failure: str | None = None  # why it ended with an error, for the trace
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -193,6 +196,8 @@ class Generation:
                 if event.final and self.prefill_replica is not None:
                     # A handoff that fell back (timeout, refusal) was prefilled by the decode replica.
                     self.prefill_replica = ((event.disaggregation or {}).get("prefill") or {}).get("replica")
+                if event.final:
+                    self.final_event = event
                 if event.usage:  # one per choice (`n`): the prompt counts once
                     usage = event.usage
                     spent = usage["completion_tokens"] + (0 if self.prompt_counted else usage["prompt_tokens"])
@@ -207,7 +212,11 @@ class Generation:
                     self.progress.observe(event)
                 yield event
         except RedisError as exc:  # the broker went away under the request: a clean end
+            self.failure = str(exc)
             raise broker_unavailable(exc) from None
+        except GatewayError as exc:
+            self.failure = exc.message
+            raise
         finally:
             await self.close()
 
@@ -257,6 +266,8 @@ class Generation:
             progress.prompt_ids = first.prompt_token_ids
         note = {"from_replica": old.replica_id, "to_replica": route.replica_id, "after_tokens": after}
         progress.resumed.append(note)
+        if self.trace is not None:
+            self.trace.hops.append({**note, "at": time.monotonic()})
         await failover.count(old.hub.redis, self.deployment, "resumed")
         await failover.record(
             "request.resumed", self.deployment, {"request_id": self.request_id, **note, "problem": lost.message}
@@ -278,6 +289,9 @@ class Generation:
         finally:
             if self.losses.mark is not None:
                 await self.losses.clear(self.stream.hub.redis)
+            trace, self.trace = self.trace, None  # its span ends once
+            tracing.finish(trace, self.request_id, self.route.replica_id, self.final_event, self.first_token_at,
+                           self.failure)  # fmt: skip
 
 
 def broker_unavailable(exc: Exception | str) -> GatewayError:
@@ -402,6 +416,17 @@ async def start(
     """Admit `req`: `headers` are the HTTP request's (the session header is read from them),
     `session` a websocket request's session key."""
     hub = get_hub()
+    trace = tracing.start(req.kind, req.model, req.params.max_tokens, headers)
+    try:
+        gen = await _start(hub, req, caller, headers, session)
+    except Exception as exc:  # refused, or the broker away: the trace ends here, saying why
+        tracing.finish(trace, None, None, None, None, getattr(exc, "message", None) or str(exc))
+        raise
+    gen.trace = trace
+    return gen
+
+
+async def _start(hub, req: GenerationRequest, caller: Caller, headers, session) -> Generation:
     if req.priority < caller.min_priority:
         raise GatewayError(
             403, f"This API key may not ask for priority {req.priority}: the most urgent it may ask for is "

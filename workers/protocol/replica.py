@@ -299,9 +299,14 @@ class Usage(TypedDict):
     cached_tokens: int  # prompt tokens served from the prefix cache
 
 
-class Timings(TypedDict):
+class Timings(TypedDict, total=False):
     ttft_ms: float  # arrival at the replica -> first token
     total_ms: float
+    # The request's phases (the gateway's trace draws them): waiting to be scheduled, the prompt
+    # to the first token, the first token to the last.
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
 
 
 class TopLogprob(TypedDict):

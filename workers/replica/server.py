@@ -317,8 +317,8 @@ class ReplicaServer:
                     self.inflight.pop(d.request_id, None)
                     self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
                     scheduled = min(max(d.scheduled_at or req.arrived, req.arrived), req.first_token_at)
-                    self.metrics.phases(scheduled - req.arrived, req.first_token_at - scheduled,
-                                        now - req.first_token_at)  # fmt: skip
+                    phases = (scheduled - req.arrived, req.first_token_at - scheduled, now - req.first_token_at)
+                    self.metrics.phases(*phases)
                 event.finish_reason = d.finish_reason
                 event.stop_reason = d.stop_reason
                 event.usage = {
@@ -330,6 +330,9 @@ class ReplicaServer:
                     "ttft_ms": round((req.first_token_at - req.arrived) * 1000, 3),
                     "total_ms": round((now - req.arrived) * 1000, 3),
                 }
+                if not req.samples_left:
+                    for name, seconds in zip(("queue_ms", "prefill_ms", "decode_ms"), phases, strict=True):
+                        event.timings[name] = round(seconds * 1000, 3)
                 if req.meta:
                     event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
