@@ -430,3 +430,64 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
 
     last = asyncio.run(main())
     assert last.finish_reason == "length" and last.usage["completion_tokens"] == 4
+
+
+@pytest.fixture(scope="module")
+def collector():
+    """An OTLP/HTTP trace receiver: what a web process with OTEL_EXPORTER_OTLP_ENDPOINT exports."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    spans: list = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            exported = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+            spans.extend(span for rs in exported.resource_spans for ss in rs.scope_spans for span in ss.spans)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", spans
+    server.shutdown()
+
+
+def _response_id(span) -> str | None:
+    return next((a.value.string_value for a in span.attributes if a.key == "gen_ai.response.id"), None)
+
+
+def test_a_request_that_failed_over_is_one_trace_with_its_hop_and_phases(stack, collector):
+    endpoint, spans = collector
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    with stack.web("web-traced", **env) as base:
+        victim, survivor = serving(stack.deployments["pair"].pk, 2)
+        results = burst(stack, victim=victim, sig=signal.SIGKILL, base=base)
+        moved = {r["id"] for r in results if r.get("note") and r.get("id")}
+        assert moved, "no request moved: the victim's streams ended first"
+
+        def traces() -> dict:
+            roots = {s.trace_id: s for s in spans if not s.parent_span_id and s.name.endswith(" pair")}
+            ids = {t for t, root in roots.items() if _response_id(root) in moved}
+            done = {t: roots[t] for t in ids if any(s.trace_id == t and s.name == "decode" for s in spans)}
+            return done or None
+
+        found = wait_for(traces, 10, "the traces of the requests that moved")
+    trace_id, root = next(iter(found.items()))
+    children = sorted((s for s in spans if s.trace_id == trace_id and s.parent_span_id == root.span_id),
+                      key=lambda s: s.start_time_unix_nano)  # fmt: skip
+    names = [s.name for s in children]
+    assert {"failover", "queue", "prefill", "decode"} <= set(names), names
+    assert names.index("queue") < names.index("prefill") < names.index("decode")
+    hop = next(s for s in children if s.name == "failover")
+    attrs = {a.key: a.value.int_value for a in hop.attributes}
+    assert attrs["switchyard.from_replica"] == victim and attrs["switchyard.to_replica"] == survivor
+    assert root.start_time_unix_nano <= hop.start_time_unix_nano <= root.end_time_unix_nano
+    root_attrs = {a.key for a in root.attributes}
+    assert {"gen_ai.request.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"} <= root_attrs
