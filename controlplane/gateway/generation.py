@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from controlplane.batches.tokens import batch_id_of
 from controlplane.deployments.models import Deployment
-from controlplane.gateway import failover, ratelimit, selectors, tokenization, tracing
+from controlplane.gateway import failover, inspector, ratelimit, selectors, tokenization, tracing
 from controlplane.gateway.core import GatewayError, GenerationRequest
 from controlplane.gateway.core.checks import session_key
 from controlplane.gateway.hub import BROKER_LOST, REPLICA_LOST, ReplicaHub, RequestStream, get_hub
@@ -165,6 +165,8 @@ class Generation:
     trace: tracing.RequestTrace | None = None  # its span, when tracing is on (tracing.py)
     final_event: DeltaEvent | None = None  # the last choice's final event (its timings, for the trace)
     failure: str | None = None  # why it ended with an error, for the trace
+    started_mono: float = field(default_factory=time.monotonic)  # when the gateway took it (start())
+    inspected: bool = False  # kept for the request inspector (inspector.py) already
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -292,6 +294,10 @@ class Generation:
             trace, self.trace = self.trace, None  # its span ends once
             tracing.finish(trace, self.request_id, self.route.replica_id, self.final_event, self.first_token_at,
                            self.failure)  # fmt: skip
+            if not self.inspected:
+                self.inspected = True
+                kept = inspector.summary(self, self.failure)
+                await inspector.record(self.stream.hub.redis, self.deployment.slug, kept)
 
 
 def broker_unavailable(exc: Exception | str) -> GatewayError:
@@ -416,13 +422,14 @@ async def start(
     """Admit `req`: `headers` are the HTTP request's (the session header is read from them),
     `session` a websocket request's session key."""
     hub = get_hub()
+    started = time.monotonic()
     trace = tracing.start(req.kind, req.model, req.params.max_tokens, headers)
     try:
         gen = await _start(hub, req, caller, headers, session)
     except Exception as exc:  # refused, or the broker away: the trace ends here, saying why
         tracing.finish(trace, None, None, None, None, getattr(exc, "message", None) or str(exc))
         raise
-    gen.trace = trace
+    gen.trace, gen.started_mono = trace, started
     return gen
 
 

@@ -166,6 +166,8 @@ ROWS = [
     Row("POST",   "/v1/detokenize",                     (401, 401, 401, 501, 401, 403, 401, 401, 401),
         {"model": "demo", "tokens": [1, 2]}),
     Row("POST",   "/v1/embeddings",                     (404, 404, 404, 404, 404, 404, 404, 404, 404), {}),
+    # The request inspector: a deployment's last requests, for any signed-in user (as the deployment).
+    Row("GET",    "/api/v1/deployments/{slug}/requests/", (401, 200, 200, 401, 401, 401, 200, 200, 401)),
     # Usage per tenant: a user gets their own, staff everyone's.
     Row("GET",    "/api/v1/usage/",                     (401, 200, 200, 401, 401, 401, 200, 200, 401)),
     # Batches in the management API: a user sees their own (the seeded one is the user's), staff

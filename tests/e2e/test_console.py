@@ -394,3 +394,22 @@ def test_every_page_fits_a_phones_width(browser, site):
         shot(page, f"phone-{name.lower().replace(' ', '-')}")
     context.close()
     assert wide == {}, f"pages wider than the screen: {wide}"
+
+
+def test_the_request_inspector_shows_a_requests_timeline(page):
+    page.get_by_role("link", name="Playground", exact=True).click()
+    page.get_by_label("Deployment").select_option("demo")
+    page.get_by_label("Message").fill("What is the capital of Peru?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("log").locator(".stats")).to_contain_text("done", timeout=30_000)
+    page.get_by_role("link", name="Deployments", exact=True).click()
+    page.locator('tr[data-deployment="demo"]').get_by_role("link", name="demo").click()
+    inspector = page.get_by_role("table", name="Recent requests")
+    row = inspector.locator("tbody tr").first
+    expect(row).to_contain_text("user:operator")
+    timeline = re.compile(r"^queue \d+ ms, prefill \d+ ms, decode \d+ ms$")
+    expect(row.get_by_role("img")).to_have_attribute("aria-label", timeline)
+    request_id = row.get_attribute("data-request")
+    page.goto(f"/deployments/demo#req-{request_id}")  # where an event's link leads
+    expect(page.locator(f'tr[data-request="{request_id}"]')).to_have_class(re.compile("highlight"))
+    shot(page, "request-inspector")

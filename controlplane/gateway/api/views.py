@@ -1,9 +1,13 @@
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from controlplane.gateway import services
+from controlplane.common import redis as redis_client
+from controlplane.deployments.models import Deployment
+from controlplane.gateway import inspector, services
 from controlplane.gateway.api.serializers import ApiKeyCreatedSerializer, ApiKeySerializer
 from controlplane.gateway.selectors import api_keys_visible_to
 
@@ -39,3 +43,13 @@ class ApiKeyViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
         return Response(ApiKeySerializer(services.revoke_api_key(self.get_object(), actor=request.user)).data)
+
+
+class RecentRequestsView(APIView):
+    """The request inspector: a deployment's last requests with their timelines (inspector.py)."""
+
+    @extend_schema(operation_id="deployments_recent_requests", responses={200: dict})
+    def get(self, request, slug: str):
+        if not Deployment.objects.filter(slug=slug).exists():
+            raise NotFound(f"No deployment '{slug}'.")
+        return Response({"deployment": slug, "results": inspector.recent(redis_client.client(), slug)})

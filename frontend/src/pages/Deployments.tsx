@@ -4,6 +4,7 @@ import { TierPolicy, TierUse } from "../components/CacheTiers";
 import { CapacityPlan } from "../components/CapacityPlan";
 import { AuditEvent, Crashes } from "../components/Crashes";
 import { ErrorText, Field } from "../components/Form";
+import { RecentRequests } from "../components/RecentRequests";
 import { Ranks } from "../components/Ranks";
 import { speculationLabel } from "../components/Speculation";
 import { api, formatError, fieldErrors, list } from "../lib/api";
@@ -281,6 +282,7 @@ export function DeploymentDetail() {
           </ul>
         </details>
       )}
+      <RecentRequests slug={dep.slug} />
       <Crashes events={crashes} />
     </>
   );

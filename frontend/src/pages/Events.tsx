@@ -1,10 +1,19 @@
 import { useEffect, useState } from "react";
+import { Link } from "react-router-dom";
 import ReconnectingWebSocket from "reconnecting-websocket";
 import { AuditEvent, EventDetail } from "../components/Crashes";
 import { api, wsUrl } from "../lib/api";
 
 /** The audit log, newest first, live: filtered by kind and object type (the API filters the
  *  first page; live events are filtered here). */
+/** A link to the request inspector for an event that names a request (resumed, crashed under). */
+function inspectLink(e: AuditEvent) {
+  const rid = e.data?.request_id;
+  const slug = e.data?.deployment ?? (e.object_type === "deployment" ? e.object_repr : undefined);
+  if (!rid || !slug) return null;
+  return <> <Link className="inspect" to={`/deployments/${slug}#req-${rid}`}>inspect request {rid}</Link></>;
+}
+
 export function Events() {
   const [events, setEvents] = useState<AuditEvent[]>([]);
   const [verb, setVerb] = useState("");
@@ -51,7 +60,7 @@ export function Events() {
                 <td>{e.actor_label}</td>
                 <td>{e.verb}</td>
                 <td>{e.object_type} {e.object_repr || e.object_id}</td>
-                <td><EventDetail event={e} /></td>
+                <td><EventDetail event={e} />{inspectLink(e)}</td>
               </tr>
             ))}
           </tbody>
