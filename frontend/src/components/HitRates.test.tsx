@@ -13,7 +13,7 @@ describe("prompt-cache hit rates", () => {
   it("shows achieved against reachable, as text and as a bar", () => {
     render(<HitRates quality={quality} />);
     const line = screen.getByTestId("hit-rates");
-    expect(line.textContent?.trim()).toBe("Prompt cache: 62% achieved / 78% reachable");
+    expect(line.textContent?.trim()).toBe("Prompt tokens served from cache, since start: 62% achieved / 78% reachable by routing");
     const bar = screen.getByRole("img");
     expect(bar.getAttribute("aria-label")).toBe("62% achieved of 78% reachable");
     expect((bar.querySelector(".achieved") as HTMLElement).style.width).toBe("62%");
@@ -23,10 +23,10 @@ describe("prompt-cache hit rates", () => {
 
   it("shows no rate before anything was counted, or when the API could not read it", () => {
     render(<HitRates quality={{ ...quality, achieved_hit_rate: null, reachable_hit_rate: null }} />);
-    expect(screen.getByTestId("hit-rates").textContent?.trim()).toBe("Prompt cache: – achieved / – reachable");
+    expect(screen.getByTestId("hit-rates").textContent?.trim()).toBe("Prompt tokens served from cache, since start: – achieved / – reachable by routing");
     cleanup();
     render(<HitRates quality={null} />);
-    expect(screen.getByTestId("hit-rates").textContent?.trim()).toBe("Prompt cache: – achieved / – reachable");
+    expect(screen.getByTestId("hit-rates").textContent?.trim()).toBe("Prompt tokens served from cache, since start: – achieved / – reachable by routing");
     expect((screen.getByRole("img").querySelector(".achieved") as HTMLElement).style.width).toBe("0%");
   });
 });

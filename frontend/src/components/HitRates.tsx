@@ -26,7 +26,7 @@ export function HitRates({ quality }: { quality: RoutingQuality | null | undefin
     : "routing quality unavailable";
   return (
     <p className="muted hit-rates" data-testid="hit-rates" title={title}>
-      Prompt cache: <strong>{pct(achieved)}</strong> achieved / {pct(reachable)} reachable{" "}
+      Prompt tokens served from cache, since start: <strong>{pct(achieved)}</strong> achieved / {pct(reachable)} reachable by routing{" "}
       <span className="bar rates" role="img" aria-label={`${pct(achieved)} achieved of ${pct(reachable)} reachable`}>
         <span className="reachable" style={{ width: width(reachable) }} />
         <span className="achieved" style={{ width: width(achieved) }} />

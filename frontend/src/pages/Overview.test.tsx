@@ -31,14 +31,14 @@ describe("overview", () => {
     render(<Overview />);
     const lines = await screen.findAllByTestId("hit-rates");
     expect(lines.map((l) => l.textContent?.trim())).toEqual([
-      "Prompt cache: 62% achieved / 78% reachable",
-      "Prompt cache: – achieved / – reachable",
+      "Prompt tokens served from cache, since start: 62% achieved / 78% reachable by routing",
+      "Prompt tokens served from cache, since start: – achieved / – reachable by routing",
     ]);
     rows.current = [deployment("chat", quality(700, 800)), deployment("idle", null)];
     await act(async () => {
       await vi.advanceTimersByTimeAsync(5000);
     });
-    expect(screen.getAllByTestId("hit-rates")[0].textContent?.trim()).toBe("Prompt cache: 70% achieved / 80% reachable");
+    expect(screen.getAllByTestId("hit-rates")[0].textContent?.trim()).toBe("Prompt tokens served from cache, since start: 70% achieved / 80% reachable by routing");
   });
 
   it("shows a speculating deployment's acceptance from its newest point, and nothing for the others", async () => {

@@ -61,7 +61,8 @@ export function Overview() {
             </h2>
             <p className="muted">
               now: {fmt(latest(s, "tokens_per_second"))} tok/s · queue {fmt(latest(s, "queue_depth"))} · KV use{" "}
-              {pct(latest(s, "kv_use"))} · cache hits {pct(latest(s, "cache_hit_rate"))}
+              <span data-testid="kv-use">{pct(latest(s, "kv_use"))}</span> · prefix-cache hit rate (blocks found, last
+              second) {pct(latest(s, "cache_hit_rate"))}
             </p>
             <HitRates quality={d.routing_quality} />
             <TierHitRates tiers={latestCacheTiers(s)} />
@@ -70,7 +71,7 @@ export function Overview() {
               <TimeChart title="Output tokens/s" labels={["tok/s"]} data={columns(s, ["tokens_per_second"])} />
               <TimeChart title="TTFT (ms)" labels={["p50", "p90"]} data={columns(s, ["ttft_p50_ms", "ttft_p90_ms"])} />
               <TimeChart title="ITL (ms)" labels={["p50", "p90"]} data={columns(s, ["itl_p50_ms", "itl_p90_ms"])} />
-              <TimeChart title="Prompt-cache hit rate" labels={["hit rate"]} data={columns(s, ["cache_hit_rate"])} fraction />
+              <TimeChart title="Prefix-cache hit rate (blocks found)" labels={["hit rate"]} data={columns(s, ["cache_hit_rate"])} fraction />
               <TimeChart title="Queue depth" labels={["requests"]} data={columns(s, ["queue_depth"])} />
               <TimeChart title="KV-cache use" labels={["used"]} data={columns(s, ["kv_use"])} fraction />
               {(d.speculative_method ?? "none") !== "none" && (
@@ -86,4 +87,5 @@ export function Overview() {
 
 const REFRESH_MS = 5000;
 const fmt = (v: number | null) => (v === null ? "–" : Math.round(v * 10) / 10);
-const pct = (v: number | null) => (v === null ? "–" : `${Math.round(v * 100)}%`);
+// Below 10% one decimal: a big KV cache barely used still shows that it moves.
+const pct = (v: number | null) => (v === null ? "–" : v > 0 && v < 0.1 ? `${(v * 100).toFixed(1)}%` : `${Math.round(v * 100)}%`);
