@@ -208,7 +208,7 @@ def test_overview_charts_move_live(page):
     )
     # Achieved against reachable prompt-cache hit rate (– until the gateway has counted any).
     rates = page.locator('[data-deployment="demo"] [data-testid="hit-rates"]')
-    expect(rates).to_have_text(re.compile(r"Prompt cache: (\d+%|–) achieved / (\d+%|–) reachable"))
+    expect(rates).to_have_text(re.compile(r"served from cache, since start: (\d+%|–) achieved / (\d+%|–) reachable"))
     shot(page, "overview-live")
     meta = json.dumps({"points_when_opened": first})
     (ARTIFACTS / "overview.json").write_text(meta)
