@@ -171,6 +171,11 @@ def test_playground_streams_the_answer_token_by_token(page):
     expect(log).to_contain_text("The capital of Japan is Tokyo.", timeout=30_000)
     expect(log.locator(".stats")).to_contain_text("done (stop)")
     expect(log.locator(".stats")).to_contain_text("TTFT")
+    # The demo speculates (n-gram): what its replicas measured shows beside the answers.
+    expect(page.get_by_test_id("playground-speculation")).to_contain_text(
+        re.compile(r"Speculative decoding \(ngram, k 3\): mean acceptance length \d+\.\d\d over [1-9]\d* draft runs"),
+        timeout=15_000,
+    )
     # The gateway's prediction (– when it had no token ids) beside what the replica reported.
     expect(log.locator(".stats .cached")).to_have_text(re.compile(r"^cached tokens predicted (\d+|–) / actual \d+$"))
     tokens = [f["text"] for f in frames if f.get("type") == "token"]

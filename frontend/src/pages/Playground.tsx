@@ -1,6 +1,7 @@
 import { FormEvent, useEffect, useRef, useState } from "react";
 import ReconnectingWebSocket from "reconnecting-websocket";
-import { list, wsUrl } from "../lib/api";
+import { speculationLabel } from "../components/Speculation";
+import { api, list, wsUrl } from "../lib/api";
 import { Answer, applyEvent, newAnswer, stats } from "../lib/playground";
 
 export function Playground() {
@@ -13,6 +14,23 @@ export function Playground() {
   const [toolsError, setToolsError] = useState("");
   const [turns, setTurns] = useState<{ question: string; answer: Answer }[]>([]);
   const ws = useRef<ReconnectingWebSocket | null>(null);
+  const modelRef = useRef("");
+  modelRef.current = model;
+  // The deployment's speculation as its replicas measured it (telemetry history, since they started).
+  const [spec, setSpec] = useState<{ drafts: number; length: number | null } | null>(null);
+  const refreshSpec = () => {
+    const slug = modelRef.current;
+    if (!slug) return;
+    api(`telemetry/history/?deployment=${encodeURIComponent(slug)}`).then((body) => {
+      const last = body?.points?.[body.points.length - 1]?.speculation;
+      setSpec(last ? { drafts: last.num_drafts ?? 0, length: last.mean_acceptance_length ?? null } : null);
+    }, () => setSpec(null));
+  };
+  useEffect(() => {
+    refreshSpec();
+    const timer = setInterval(refreshSpec, 3000);
+    return () => clearInterval(timer);
+  }, [model]); // eslint-disable-line react-hooks/exhaustive-deps
   useEffect(() => {
     list("deployments/").then((ds) => {
       setDeployments(ds);
@@ -93,6 +111,10 @@ export function Playground() {
         </label>
         {toolsError && <p className="error">{toolsError}</p>}
       </details>
+      <p className="muted" data-testid="playground-speculation">
+        {spec ? `Speculative decoding (${speculationLabel(deployments.find((d) => d.slug === model) ?? {}) || "on"}): mean acceptance length ${spec.length?.toFixed(2) ?? "–"} over ${spec.drafts} draft runs, this deployment's replicas since they started`
+          : "Speculative decoding: off for this deployment (or nothing measured yet)"}
+      </p>
       <div role="log" aria-live="polite" className="log">
         {turns.map(({ question, answer }) => {
           const s = stats(answer);
