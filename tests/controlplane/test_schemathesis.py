@@ -17,12 +17,14 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 import schemathesis
 from django.core import signals
 from django.core.handlers.wsgi import WSGIHandler
 from django.db import close_old_connections, transaction
+from django.utils import timezone
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -35,6 +37,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from controlplane.batches.models import Batch
 from controlplane.catalog.models import Model
 from controlplane.common.services import create_token
 from controlplane.deployments.models import CachePolicy, Deployment, Replica
@@ -103,7 +106,11 @@ def seeded(staff) -> dict[str, dict]:
     replica.devices.set(node.devices.all())
     key, _ = create_api_key(name="app", owner=staff, allowed_deployments=[deployment])
     record_event("deployment.created", deployment, actor=staff)
+    expires = timezone.now() + timedelta(hours=24)
+    batch = Batch.objects.create(id="batch_seeded", owner=staff, endpoint="/v1/chat/completions", model="demo",
+                                 status=Batch.Status.IN_PROGRESS, expires_at=expires)  # fmt: skip
     return {
+        "/api/v1/batches/": {"id": batch.pk},
         "/api/v1/api-keys/": {"id": key.pk},
         "/api/v1/cache-policies/": {"id": policy.pk},
         "/api/v1/deployments/": {"slug": deployment.slug},

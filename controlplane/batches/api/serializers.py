@@ -7,7 +7,7 @@ class BatchSerializer(serializers.ModelSerializer):
     """A batch as the console shows it (the OpenAI shape is /v1/batches')."""
 
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    input_filename = serializers.CharField(source="input_file.filename", read_only=True, default=None)
+    input_filename = serializers.CharField(source="input_file.filename", read_only=True, default=None, allow_null=True)
     request_counts = serializers.SerializerMethodField()
 
     class Meta:

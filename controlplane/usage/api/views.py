@@ -2,7 +2,8 @@ from datetime import datetime, timedelta
 
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -33,7 +34,12 @@ class UsageView(APIView):
             OpenApiParameter("group_by", str, enum=list(GROUPS), description="default: owner"),
             OpenApiParameter("export", str, enum=["csv"], description="csv: the results as a CSV file"),
         ],
-        responses={200: dict},
+        responses={
+            (200, "application/json"): dict,
+            (200, "text/csv"): OpenApiResponse(
+                response=OpenApiTypes.STR, description="with export=csv: the results, a header row first"
+            ),
+        },
     )
     def get(self, request):
         now = timezone.now()
