@@ -44,6 +44,8 @@ def summary(gen, error: str | None) -> dict:
         "queue_ms": timings.get("queue_ms"),
         "prefill_ms": timings.get("prefill_ms"),
         "decode_ms": timings.get("decode_ms"),
+        "grammar_ms": timings.get("grammar_ms"),
+        "kv_transfer_ms": ((getattr(final, "disaggregation", None) or {}).get("prefill") or {}).get("transfer_ms"),
         "resumed": gen.resumed,
     }
 

@@ -3,7 +3,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT is set: then each request is one trace, exported ove
 
 The gateway's span (`chat <model>`, kind server) joins the client's trace when it sends a W3C
 `traceparent`. Its children are the request's phases as the replica timed them and reported on
-its final event (`timings`: queue, prefill, decode; a disaggregated request's KV transfer) and
+its final event (`timings`: its grammar's compilation, queue, prefill, decode; a disaggregated
+request's KV transfer) and
 each move to another replica (`failover`): the gateway writes them with their times when the
 request ends, so a replica needs no tracing library and no exporter of its own. Attributes:
 `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.request.max_tokens`,
@@ -124,6 +125,8 @@ def finish(rt: RequestTrace | None, request_id: str | None, replica: int | None,
         prefill_start = first_token_at - timings["prefill_ms"] / 1000
         queue_start = prefill_start - timings.get("queue_ms", 0) / 1000
         transfer = ((getattr(final, "disaggregation", None) or {}).get("prefill") or {}).get("transfer_ms")
+        if "grammar_ms" in timings:  # compiled at admission, before it queued
+            child("grammar", queue_start - timings["grammar_ms"] / 1000, queue_start)
         child("queue", queue_start, prefill_start)
         if transfer is not None:  # a prefill replica computed the prompt and sent its KV
             child("kv_transfer", first_token_at - transfer / 1000, first_token_at)

@@ -22,6 +22,7 @@ from django.conf import settings
 from websockets.asyncio.client import connect as ws_connect
 
 from tests.support.freeze import freeze
+from tests.support.otlp import otlp_receiver
 from tests.support.platform import platform
 from tests.support.stack import metric, pid_alive, replica_status, wait_for
 from workers.protocol import replica as protocol
@@ -434,29 +435,8 @@ def test_a_draining_replica_s_refusal_sends_the_request_to_another(stack):
 
 @pytest.fixture(scope="module")
 def collector():
-    """An OTLP/HTTP trace receiver: what a web process with OTEL_EXPORTER_OTLP_ENDPOINT exports."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from threading import Thread
-
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    spans: list = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):
-            exported = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
-            spans.extend(span for rs in exported.resource_spans for ss in rs.scope_spans for span in ss.spans)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", spans
-    server.shutdown()
+    with otlp_receiver() as received:
+        yield received
 
 
 def _response_id(span) -> str | None:

@@ -168,3 +168,48 @@ def test_what_cannot_compile_is_a_400_naming_the_problem(client, model):
             body = err.value.body
             assert err.value.status_code == 400 and body["param"] == param, body
             assert words in body["message"]
+
+
+def test_a_disaggregated_request_with_a_grammar_is_one_trace_and_inspected(stack):
+    """Through a web process that exports traces: the trace of a constrained request that a
+    prefill replica computed holds the grammar's compilation, the queue, the prefill, the KV
+    transfer and the decode; the inspector keeps the same request with its times."""
+    import httpx
+    import redis
+    from django.conf import settings
+
+    from controlplane.gateway import inspector
+    from tests.support.otlp import otlp_receiver
+    from tests.support.stack import wait_for
+
+    with otlp_receiver() as (endpoint, spans), stack.web("web-traced", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                                                         OTEL_BSP_SCHEDULE_DELAY="100") as base:  # fmt: skip
+        body = {"model": "demo-pd", "messages": ASK, "response_format": json_schema(4), "temperature": 0,
+                "max_tokens": 64}  # fmt: skip
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {stack.keys['key']}"})  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert response.headers.get("x-switchyard-prefill-replica")
+        rid = response.json()["id"]
+
+        def trace():
+            roots = [s for s in spans if not s.parent_span_id and any(
+                a.key == "gen_ai.response.id" and a.value.string_value == rid for a in s.attributes)]  # fmt: skip
+            return (
+                roots[0]
+                if roots and any(s.trace_id == roots[0].trace_id and s.name == "decode" for s in spans)
+                else None
+            )
+
+        root = wait_for(trace, 10, f"the trace of {rid}")
+    children = sorted((s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
+                      key=lambda s: s.start_time_unix_nano)  # fmt: skip
+    names = [s.name for s in children]
+    assert set(names) == {"grammar", "queue", "prefill", "kv_transfer", "decode"}, names
+    assert names.index("grammar") < names.index("queue") < names.index("prefill") < names.index("decode")
+    transfer = next(s for s in children if s.name == "kv_transfer")
+    assert transfer.end_time_unix_nano <= next(s for s in children if s.name == "decode").start_time_unix_nano
+    rc = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    [kept] = [r for r in inspector.recent(rc, "demo-pd") if r["id"] == rid]
+    assert kept["prefill_replica"] is not None and kept["kv_transfer_ms"] is not None and kept["grammar_ms"] >= 0
+    assert kept["status"] == "ok" and kept["completion_tokens"] >= 1

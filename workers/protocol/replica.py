@@ -307,6 +307,7 @@ class Timings(TypedDict, total=False):
     queue_ms: float
     prefill_ms: float
     decode_ms: float
+    grammar_ms: float  # compiling its grammar at admission (a cached one: about nothing)
 
 
 class TopLogprob(TypedDict):

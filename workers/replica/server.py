@@ -66,6 +66,7 @@ class Inflight:
     last_token_at: float | None = None
     meta: dict = field(default_factory=dict)
     samples_left: int = 1  # `n`: the request is done when every sample has finished
+    grammar_ms: float | None = None  # compiling its grammar at admission (None: it has none)
 
 
 class ReplicaServer:
@@ -228,7 +229,9 @@ class ReplicaServer:
             if len(prompt_ids) < self.spec.local_prefill_tokens or output_ids:
                 prefill = None  # a prefill replica would not know the output's part (seed positions, penalties)
             turn, share = message.session_turn, message.share
+            compiling = time.monotonic()
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
+            grammar_ms = round((time.monotonic() - compiling) * 1000, 3) if params.grammar is not None else None
             if not (self.disagg and prefill is not None
                     and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn, share)):  # fmt: skip
                 self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
@@ -256,7 +259,8 @@ class ReplicaServer:
             log.exception("admitting request %s failed", rid)
             self._send(reply_to, ErrorEvent(rid, 500, "the replica could not admit the request", code="replica_error"))
             return
-        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs, samples_left=params.n)
+        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs, samples_left=params.n,
+                                      grammar_ms=grammar_ms)  # fmt: skip
         handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
         self._send(reply_to, AcceptedEvent(
             rid,
@@ -333,6 +337,8 @@ class ReplicaServer:
                 if not req.samples_left:
                     for name, seconds in zip(("queue_ms", "prefill_ms", "decode_ms"), phases, strict=True):
                         event.timings[name] = round(seconds * 1000, 3)
+                    if req.grammar_ms is not None:
+                        event.timings["grammar_ms"] = req.grammar_ms
                 if req.meta:
                     event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
