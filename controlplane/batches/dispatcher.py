@@ -193,7 +193,7 @@ class Dispatcher:
                 pipe.hgetall(protocol.status_key(pk))
             raws = pipe.execute()
         except redis.RedisError:  # the gateway is blind too: keep one line going
-            return max(1, min(inflight, 1))
+            return 1
         running = waiting = free = total = 0
         for raw in raws:
             try:
@@ -212,7 +212,7 @@ class Dispatcher:
         limit = max(1, slots - interactive)
         if waiting > batched or (total and 1 - free / total > KV_FULL):  # interactive requests queue: hold
             limit = max(1, min(limit, batched))
-        return max(inflight + limit - batched, min(inflight + 1, 1))  # each batch keeps one line going
+        return max(inflight + limit - batched, 1)  # each batch keeps one line going
 
 
 def _ending(batch: Batch) -> tuple[str, str, str] | None:

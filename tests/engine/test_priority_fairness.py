@@ -4,6 +4,7 @@ same whatever the order."""
 
 import pytest
 
+from tests.engine.test_scheduler import run_step
 from workers.engine import LLM, SamplingParams
 from workers.engine.block_manager import BlockManager
 from workers.engine.fair_share import FairShare
@@ -22,25 +23,6 @@ def seq(rid, prompt=(1, 2, 3), priority=0, tenant="", weight=1.0, max_tokens=16)
     return s
 
 
-def run_step(sched):
-    """One step as the engine runs it: every scheduled chunk computed, a token where it samples."""
-    out = sched.schedule()
-    for item in out.all:
-        samples = item.samples
-        sched.block_manager.mark_computed(item.seq, item.num_tokens)
-        if samples:
-            item.seq.token_ids.append(1)
-    return out
-
-
-def finish(sched, s):
-    sched.finish(s)
-
-
-def admitted(out) -> list[str]:
-    return [item.seq.request_id for item in out.all if item.seq.num_computed_tokens == 0]
-
-
 def test_waiting_requests_are_admitted_by_priority_then_arrival():
     sched = make(max_seqs=1)
     for rid, priority in [("late-low", 5), ("a", 0), ("urgent", -3), ("b", 0)]:
@@ -51,7 +33,7 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival():
         for item in out.all:
             if item.seq.request_id not in order:
                 order.append(item.seq.request_id)
-            finish(sched, item.seq)
+            sched.finish(item.seq)
     assert order == ["urgent", "a", "b", "late-low"]
 
 
@@ -157,7 +139,7 @@ def test_fair_sharing_admits_the_tenant_with_the_least_service_first():
             if item.seq.request_id not in order:
                 order.append(item.seq.request_id)
             if item.seq.num_output_tokens >= 2:
-                finish(sched, item.seq)
+                sched.finish(item.seq)
     # First come first served would run all six heavy requests before the light ones.
     assert order[:4] == ["heavy0", "light0", "heavy1", "light1"]
     served = sched.fair.served
