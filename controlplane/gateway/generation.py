@@ -195,6 +195,8 @@ class Generation:
                     continue
                 if self.first_token_at is None:
                     self.first_token_at = time.monotonic()
+                if self.trace is not None:
+                    self.trace.observe(event)
                 if event.final and self.prefill_replica is not None:
                     # A handoff that fell back (timeout, refusal) was prefilled by the decode replica.
                     self.prefill_replica = ((event.disaggregation or {}).get("prefill") or {}).get("replica")
@@ -226,6 +228,7 @@ class Generation:
         """Continue the request on another ready replica of the deployment; False when failover
         is off or this request may not move again. Raises GatewayError when no replica can, or
         when this is the second replica lost under it (a poison request)."""
+        lost_at = time.monotonic()
         progress = self.progress
         old = self.stream  # closed (aborted, uncounted) when it reported the loss
         self.losses.add(old.replica_id, old.incarnation)
@@ -269,7 +272,7 @@ class Generation:
         note = {"from_replica": old.replica_id, "to_replica": route.replica_id, "after_tokens": after}
         progress.resumed.append(note)
         if self.trace is not None:
-            self.trace.hops.append({**note, "at": time.monotonic()})
+            self.trace.moved(note, lost_at)
         await failover.count(old.hub.redis, self.deployment, "resumed")
         await failover.record(
             "request.resumed", self.deployment, {"request_id": self.request_id, **note, "problem": lost.message}
@@ -292,8 +295,7 @@ class Generation:
             if self.losses.mark is not None:
                 await self.losses.clear(self.stream.hub.redis)
             trace, self.trace = self.trace, None  # its span ends once
-            tracing.finish(trace, self.request_id, self.route.replica_id, self.final_event, self.first_token_at,
-                           self.failure)  # fmt: skip
+            tracing.finish(trace, self.request_id, self.route.replica_id, self.final_event, self.failure)
             if not self.inspected:
                 self.inspected = True
                 kept = inspector.summary(self, self.failure)
@@ -427,8 +429,10 @@ async def start(
     try:
         gen = await _start(hub, req, caller, headers, session)
     except Exception as exc:  # refused, or the broker away: the trace ends here, saying why
-        tracing.finish(trace, None, None, None, None, getattr(exc, "message", None) or str(exc))
+        tracing.finish(trace, None, None, None, getattr(exc, "message", None) or str(exc))
         raise
+    if trace is not None:
+        trace.placed(gen.route.replica_id)
     gen.trace, gen.started_mono = trace, started
     return gen
 

@@ -2,11 +2,12 @@
 OTEL_EXPORTER_OTLP_ENDPOINT is set: then each request is one trace, exported over OTLP/HTTP.
 
 The gateway's span (`chat <model>`, kind server) joins the client's trace when it sends a W3C
-`traceparent`. Its children are the request's phases as the replica timed them and reported on
-its final event (`timings`: its grammar's compilation, queue, prefill, decode; a disaggregated
-request's KV transfer) and
-each move to another replica (`failover`): the gateway writes them with their times when the
-request ends, so a replica needs no tracing library and no exporter of its own. Attributes:
+`traceparent`. Its children are the request's phases on each replica that served it, as the
+replica timed them and reported with its first token and its last (`timings`: the grammar's
+compilation, queue, prefill; a disaggregated request's KV transfer), its decode there until it
+ended or the replica was lost, and each move to another replica (`failover`). The gateway writes
+them with their times when the request ends, so a replica needs no tracing library and no
+exporter of its own. Attributes:
 `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.request.max_tokens`,
 `gen_ai.response.id`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens` /
 `output_tokens`, and `switchyard.*` (replica, cached tokens, TTFT).
@@ -60,18 +61,57 @@ def enabled() -> bool:
 
 
 @dataclass
+class Leg:
+    """The request's time on one replica: its phases there as the replica reported them with its
+    first token (and again with its last), until the request ended or moved on."""
+
+    replica: int | None
+    first_token_at: float | None = None  # when the gateway saw its first token from this replica
+    timings: dict = field(default_factory=dict)  # queue_ms, prefill_ms, grammar_ms
+    transfer_ms: float | None = None  # a prefill replica computed its prompt and sent the KV
+    cached_tokens: int | None = None  # known when it ended here
+
+    def observe(self, event, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+        for name, value in (getattr(event, "timings", None) or {}).items():
+            self.timings.setdefault(name, value)
+        prefill = (getattr(event, "disaggregation", None) or {}).get("prefill") or {}
+        if prefill.get("transfer_ms") is not None:
+            self.transfer_ms = prefill["transfer_ms"]
+        if event.usage:
+            self.cached_tokens = event.usage.get("cached_tokens", 0)
+
+
+@dataclass
 class RequestTrace:
-    """The gateway's span of one request, and what its children are made of at its end."""
+    """The gateway's span of one request, and what its children are made of at its end: one leg
+    per replica that served it, and each move between them (`hops`)."""
 
     span: object
     tracer: object
     started_ns: int
     started_mono: float
+    legs: list[Leg] = field(default_factory=list)
     hops: list[dict] = field(default_factory=list)
 
     def at(self, mono: float) -> int:
         """A time.monotonic() reading as the span's clock (ns since the epoch)."""
         return self.started_ns + int((mono - self.started_mono) * 1e9)
+
+    def placed(self, replica: int) -> None:
+        self.legs.append(Leg(replica))
+
+    def observe(self, event) -> None:
+        """A delta event from the replica serving it now."""
+        if not self.legs:
+            self.legs.append(Leg(None))
+        self.legs[-1].observe(event, time.monotonic())
+
+    def moved(self, note: dict, lost_at: float) -> None:
+        """It was lost at `lost_at` and now runs on `note["to_replica"]`."""
+        self.hops.append({**note, "lost_at": lost_at, "at": time.monotonic()})
+        self.legs.append(Leg(note["to_replica"]))
 
 
 def start(kind: str, model: str, max_tokens: int | None, headers: Mapping[str, str] | None) -> RequestTrace | None:
@@ -94,10 +134,11 @@ def start(kind: str, model: str, max_tokens: int | None, headers: Mapping[str, s
     return RequestTrace(span, tracer, started_ns, started_mono)
 
 
-def finish(rt: RequestTrace | None, request_id: str | None, replica: int | None, final, first_token_at: float | None,
+def finish(rt: RequestTrace | None, request_id: str | None, replica: int | None, final,
            error: str | None = None) -> None:  # fmt: skip
-    """End the request's span (`final`: its last DeltaEvent, None if it failed), its phases as
-    the replica reported them, ending at the moments the gateway saw them."""
+    """End the request's span (`final`: its last DeltaEvent, None if it failed) with a child for
+    each phase on each replica that served it, ending at the moments the gateway saw them, and
+    one for each move between replicas."""
     if rt is None:
         return
     from opentelemetry import trace
@@ -116,29 +157,41 @@ def finish(rt: RequestTrace | None, request_id: str | None, replica: int | None,
         child_span = rt.tracer.start_span(name, context=context, start_time=rt.at(start_mono), attributes=attributes)
         child_span.end(end_time=rt.at(max(end_mono, start_mono)))
 
-    for hop in rt.hops:  # each move to another replica, at the moment it was made
-        child("failover", hop["at"], hop["at"], **{"switchyard.from_replica": hop["from_replica"],
-                                                   "switchyard.to_replica": hop["to_replica"],
-                                                   "switchyard.after_tokens": hop["after_tokens"]})  # fmt: skip
-    timings = (getattr(final, "timings", None) or {}) if final is not None else {}
-    if final is not None and first_token_at is not None and "prefill_ms" in timings:
-        prefill_start = first_token_at - timings["prefill_ms"] / 1000
-        queue_start = prefill_start - timings.get("queue_ms", 0) / 1000
-        transfer = ((getattr(final, "disaggregation", None) or {}).get("prefill") or {}).get("transfer_ms")
-        if "grammar_ms" in timings:  # compiled at admission, before it queued
-            child("grammar", queue_start - timings["grammar_ms"] / 1000, queue_start)
-        child("queue", queue_start, prefill_start)
-        if transfer is not None:  # a prefill replica computed the prompt and sent its KV
-            child("kv_transfer", first_token_at - transfer / 1000, first_token_at)
-        usage = final.usage or {}
-        child("prefill", prefill_start, first_token_at, **{"switchyard.cached_tokens": usage.get("cached_tokens", 0)})
-        child("decode", first_token_at, now)
+    for i, leg in enumerate(rt.legs):
+        hop = rt.hops[i] if i < len(rt.hops) else None
+        _leg_spans(child, leg, hop["lost_at"] if hop else now)
+        if hop is not None:  # from the moment the replica was seen lost to the next one taking it
+            moved = {f"switchyard.{name}": hop[name] for name in ("from_replica", "to_replica", "after_tokens")}
+            child("failover", hop["lost_at"], hop["at"], **moved)
     if final is not None and final.usage:
         span.set_attribute("gen_ai.usage.input_tokens", final.usage.get("prompt_tokens", 0))
         span.set_attribute("gen_ai.usage.output_tokens", final.usage.get("completion_tokens", 0))
         span.set_attribute("gen_ai.response.finish_reasons", [final.finish_reason or "stop"])
+    first_token_at = next((leg.first_token_at for leg in rt.legs if leg.first_token_at is not None), None)
     if first_token_at is not None:
         span.set_attribute("switchyard.ttft_ms", round((first_token_at - rt.started_mono) * 1000, 3))
     if error:
         span.set_status(Status(StatusCode.ERROR, error))
     span.end(end_time=rt.at(now))
+
+
+def _leg_spans(child, leg: Leg, ended: float) -> None:
+    """A leg's phases, drawn back from its first token by the times its replica reported; its
+    decode runs until it `ended` (the request's end, or the replica's loss). A leg lost before
+    its first token has none."""
+    first = leg.first_token_at
+    if first is None:
+        return
+    where = {"switchyard.replica": leg.replica} if leg.replica is not None else {}
+    timings = leg.timings
+    if "prefill_ms" in timings:
+        prefill_start = first - timings["prefill_ms"] / 1000
+        queue_start = prefill_start - timings.get("queue_ms", 0) / 1000
+        if "grammar_ms" in timings:  # compiled at admission, before it queued
+            child("grammar", queue_start - timings["grammar_ms"] / 1000, queue_start, **where)
+        child("queue", queue_start, prefill_start, **where)
+        if leg.transfer_ms is not None:  # a prefill replica computed the prompt and sent its KV
+            child("kv_transfer", first - leg.transfer_ms / 1000, first, **where)
+        cached = {"switchyard.cached_tokens": leg.cached_tokens} if leg.cached_tokens is not None else {}
+        child("prefill", prefill_start, first, **where, **cached)
+    child("decode", first, ended, **where)

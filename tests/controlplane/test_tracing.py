@@ -94,3 +94,64 @@ def test_tracing_is_off_without_an_endpoint(client, key, monkeypatch):
     monkeypatch.setattr(tracing, "_configured", False)
     assert not tracing.enabled()
     assert tracing.start("chat", "m", 4, {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}) is None
+
+
+class Clock:
+    """time.monotonic() for tracing.py, moved by the test: the spans' times are then exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    @staticmethod
+    def time_ns() -> int:
+        return time.time_ns()
+
+
+def test_a_request_that_moved_has_each_replica_s_phases_and_the_hop_between(exporter, monkeypatch):
+    """Built from the events alone: replica 1 reports queue 10 ms, prefill 30 ms (of which 5 ms
+    KV transfer) with its first token at +50 ms, and is lost at +150 ms; replica 2 takes the
+    request at +200 ms and reports its own phases with its first token at +300 ms; it ends at
+    +400 ms."""
+    clock = Clock()
+    monkeypatch.setattr(tracing, "time", clock)
+    rt = tracing.start("chat", "m", 64, None)
+    rt.placed(1)
+    ms = 1e-3
+
+    def delta(at_ms: float, **fields) -> None:
+        clock.now = 100.0 + at_ms * ms
+        rt.observe(DeltaEvent("r", "x", [1], **fields))
+
+    delta(50, timings={"queue_ms": 10.0, "prefill_ms": 30.0}, disaggregation={"prefill": {"transfer_ms": 5.0}})
+    delta(100)
+    clock.now = 100.2
+    rt.moved({"from_replica": 1, "to_replica": 2, "after_tokens": 2}, lost_at=100.15)
+    delta(300, timings={"queue_ms": 20.0, "prefill_ms": 50.0})
+    final = DeltaEvent("r", "", [2], finish_reason="length", usage={"prompt_tokens": 7, "completion_tokens": 4,
+                                                                    "cached_tokens": 3},
+                       timings={"queue_ms": 20.0, "prefill_ms": 50.0, "decode_ms": 90.0})  # fmt: skip
+    delta(390, **{f: getattr(final, f) for f in ("finish_reason", "usage", "timings")})
+    clock.now = 100.4
+    tracing.finish(rt, "r", 2, final)
+
+    spans = exporter.get_finished_spans()
+    [root] = [s for s in spans if s.parent is None]
+    children = sorted((s for s in spans if s.parent is not None), key=lambda s: (s.start_time, s.end_time))
+    at = lambda ns: round((ns - root.start_time) / 1e6, 3)  # noqa: E731  ms after the request's start
+    drawn = [(s.name, dict(s.attributes).get("switchyard.replica"), at(s.start_time), at(s.end_time)) for s in children]
+    assert drawn == [
+        ("queue", 1, 10.0, 20.0), ("prefill", 1, 20.0, 50.0), ("kv_transfer", 1, 45.0, 50.0),
+        ("decode", 1, 50.0, 150.0), ("failover", None, 150.0, 200.0),
+        ("queue", 2, 230.0, 250.0), ("prefill", 2, 250.0, 300.0), ("decode", 2, 300.0, 400.0),
+    ]  # fmt: skip
+    hop = children[4]
+    assert dict(hop.attributes) == {"switchyard.from_replica": 1, "switchyard.to_replica": 2,
+                                    "switchyard.after_tokens": 2}  # fmt: skip
+    assert dict(children[6].attributes)["switchyard.cached_tokens"] == 3  # known where it ended
+    assert "switchyard.cached_tokens" not in dict(children[1].attributes)
+    attrs = dict(root.attributes)
+    assert attrs["switchyard.ttft_ms"] == 50.0 and attrs["gen_ai.usage.output_tokens"] == 4
+    assert at(root.end_time) == 400.0

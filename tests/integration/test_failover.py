@@ -35,9 +35,11 @@ COUNTRIES = ["Japan", "Peru", "France", "Kenya", "Chile", "Egypt", "Spain", "Ita
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     # The agent must not kill the replica a test stops: the test lets it go on itself.
-    env = {"REPLICA_HANG_SECONDS": "300"}
+    # A disaggregated deployment's prompts all go to its prefill replica.
+    env = {"REPLICA_HANG_SECONDS": "300", "PD_LOCAL_PREFILL_TOKENS": "0", "CPU_REPLICAS_PER_DEVICE": "6"}
     pair, solo = {"slug": "pair", "replicas": 2}, {"slug": "solo", "replicas": 1}
-    with platform(django_db_blocker, tmp_path_factory, "failover", deployments=[pair, solo], env=env) as p:
+    pd = {"slug": "pd-pair", "mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 2, "replicas": 0}
+    with platform(django_db_blocker, tmp_path_factory, "failover", deployments=[pair, solo, pd], env=env) as p:
         yield p
 
 
@@ -56,13 +58,16 @@ def _pid(replica_id: int) -> int:
     return json.loads(replica_status(replica_id)["endpoint"])["pid"]
 
 
-def serving(deployment_id: int, n: int) -> list[int]:
-    """Wait until the deployment's `n` replicas are ready, heartbeating and idle (a replica
-    killed by the previous test has been restarted); their ids."""
+def serving(deployment_id: int, n: int, role: str | None = None) -> list[int]:
+    """Wait until the deployment's `n` replicas (of `role`) are ready, heartbeating and idle (a
+    replica killed by the previous test has been restarted); their ids."""
     from controlplane.deployments.models import Replica
 
     def ready():
-        ids = sorted(Replica.objects.filter(deployment_id=deployment_id, state="ready").values_list("id", flat=True))
+        replicas = Replica.objects.filter(deployment_id=deployment_id, state="ready")
+        if role is not None:
+            replicas = replicas.filter(role=role)
+        ids = sorted(replicas.values_list("id", flat=True))
         statuses = [replica_status(i) for i in ids]
         loads = [json.loads(s.get("load") or "{}") for s in statuses]
         fine = all(s.get("state") == "ready" and _fresh(s) for s in statuses) and all(
@@ -439,35 +444,65 @@ def collector():
         yield received
 
 
-def _response_id(span) -> str | None:
-    return next((a.value.string_value for a in span.attributes if a.key == "gen_ai.response.id"), None)
+def _attributes(span) -> dict:
+    return {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
 
 
-def test_a_request_that_failed_over_is_one_trace_with_its_hop_and_phases(stack, collector):
+def test_a_disaggregated_request_that_failed_over_is_one_trace_with_each_replica_s_phases(stack, collector):
+    """A request a prefill replica computed, streamed by a decode replica that is killed mid-way
+    and resumed on the other: its trace, exported over OTLP, holds the first replica's queue,
+    prefill, KV transfer and decode, the failover hop, then the second replica's queue, prefill and
+    decode, in that order, under one root with the GenAI attributes."""
     endpoint, spans = collector
+    serving(stack.deployments["pd-pair"].pk, 2, role="decode")
+    body = {"model": "pd-pair", "messages": [{"role": "user", "content": "What is the capital of Peru?"}],
+            "max_tokens": 2 * MAX_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+    async def killed_mid_way(base: str) -> dict:
+        progress, seen = [0], {}
+        headers = {"Authorization": f"Bearer {stack.key}"}
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as client:
+            task = asyncio.ensure_future(sse(client, "chat", body, progress, 0, seen))
+            await until(lambda: progress[0] >= 5, 30, "the stream to start")
+            os.kill(_pid(seen[0]), signal.SIGKILL)
+            return await asyncio.wait_for(task, 60)
+
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     with stack.web("web-traced", **env) as base:
-        victim, survivor = serving(stack.deployments["pair"].pk, 2)
-        results = burst(stack, victim=victim, sig=signal.SIGKILL, base=base)
-        moved = {r["id"] for r in results if r.get("note") and r.get("id")}
-        assert moved, "no request moved: the victim's streams ended first"
+        result = asyncio.run(killed_mid_way(base))
+        assert result["error"] is None and result["usage"]["completion_tokens"] == 2 * MAX_TOKENS, result
+        [note] = result["note"]
+        victim, survivor, rid = note["from_replica"], note["to_replica"], result["id"]
 
-        def traces() -> dict:
-            roots = {s.trace_id: s for s in spans if not s.parent_span_id and s.name.endswith(" pair")}
-            ids = {t for t, root in roots.items() if _response_id(root) in moved}
-            done = {t: roots[t] for t in ids if any(s.trace_id == t and s.name == "decode" for s in spans)}
-            return done or None
+        def trace():
+            roots = [s for s in spans if not s.parent_span_id and _attributes(s).get("gen_ai.response.id") == rid]
+            done = roots and sum(s.trace_id == roots[0].trace_id and s.name == "decode" for s in spans) == 2
+            return roots[0] if done else None
 
-        found = wait_for(traces, 10, "the traces of the requests that moved")
-    trace_id, root = next(iter(found.items()))
-    children = sorted((s for s in spans if s.trace_id == trace_id and s.parent_span_id == root.span_id),
-                      key=lambda s: s.start_time_unix_nano)  # fmt: skip
-    names = [s.name for s in children]
-    assert {"failover", "queue", "prefill", "decode"} <= set(names), names
-    assert names.index("queue") < names.index("prefill") < names.index("decode")
-    hop = next(s for s in children if s.name == "failover")
-    attrs = {a.key: a.value.int_value for a in hop.attributes}
-    assert attrs["switchyard.from_replica"] == victim and attrs["switchyard.to_replica"] == survivor
-    assert root.start_time_unix_nano <= hop.start_time_unix_nano <= root.end_time_unix_nano
-    root_attrs = {a.key for a in root.attributes}
-    assert {"gen_ai.request.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"} <= root_attrs
+        root = wait_for(trace, 10, "the trace of the request that moved")
+    children = sorted((s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
+                      key=lambda s: (s.start_time_unix_nano, s.end_time_unix_nano))  # fmt: skip
+    on = {r: {s.name: s for s in children if _attributes(s).get("switchyard.replica") == r} for r in (victim, survivor)}
+    assert set(on[victim]) == {"queue", "prefill", "kv_transfer", "decode"}, [s.name for s in children]
+    # The survivor prefills the prompt and the tokens so far itself (a prefill replica would not
+    # know the output's part: seed positions, penalties), so no KV moves for it.
+    assert set(on[survivor]) == {"queue", "prefill", "decode"}, [s.name for s in children]
+    [hop] = [s for s in children if s.name == "failover"]
+    hop_attrs = _attributes(hop)
+    assert (hop_attrs["switchyard.from_replica"], hop_attrs["switchyard.to_replica"]) == (victim, survivor)
+    assert hop_attrs["switchyard.after_tokens"] == note["after_tokens"] >= 5
+    first, second = on[victim], on[survivor]
+    # In order: each replica's queue, prefill and transfer end at its first token, where its decode
+    # begins; the first decode ends when its replica is lost, where the hop begins.
+    for phases in (first, second):
+        assert phases["queue"].end_time_unix_nano == phases["prefill"].start_time_unix_nano
+        assert phases["prefill"].end_time_unix_nano == phases["decode"].start_time_unix_nano
+    assert first["kv_transfer"].end_time_unix_nano == first["decode"].start_time_unix_nano
+    assert first["decode"].end_time_unix_nano == hop.start_time_unix_nano <= hop.end_time_unix_nano
+    assert hop.end_time_unix_nano <= second["decode"].start_time_unix_nano <= root.end_time_unix_nano
+    assert root.start_time_unix_nano <= first["queue"].start_time_unix_nano
+    root_attrs = _attributes(root)
+    assert root_attrs["gen_ai.request.model"] == "pd-pair"
+    assert root_attrs["gen_ai.usage.output_tokens"] == 2 * MAX_TOKENS
+    assert root_attrs["gen_ai.usage.input_tokens"] == result["usage"]["prompt_tokens"]

@@ -52,6 +52,8 @@ MESSAGES = {
     "accepted-plain": AcceptedEvent("cmpl-1", 4),
     "delta": DeltaEvent("cmpl-1", "Hé", [7], t=1700000000.123456),
     "delta-logprobs": DeltaEvent("cmpl-1", "a", [5], t=1.5, logprobs=LOGPROBS),
+    "delta-first": DeltaEvent("cmpl-1", "a", [5], t=1.5, timings={"queue_ms": 1.0, "prefill_ms": 2.5},
+                              disaggregation={"prefill": {"replica": 3, "transfer_ms": 0.5}}),
     "delta-last": DeltaEvent("cmpl-1", "", [2], t=1.5, finish_reason="stop", stop_reason=2,
                              usage={"prompt_tokens": 4, "completion_tokens": 3, "cached_tokens": 0},
                              timings={"ttft_ms": 1.5, "total_ms": 9.25},

@@ -65,7 +65,7 @@ class OutputProcessor:
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
             index=seq.index,
-            scheduled_at=seq.scheduled_at if finished else None,
+            scheduled_at=seq.scheduled_at,
         )
 
     def _append(self, seq: Sequence, token: int, logprobs) -> None:

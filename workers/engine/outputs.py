@@ -45,6 +45,6 @@ class RequestDelta:
     # The engine failed while stepping this request (finish_reason "error"): what went wrong,
     # one line; the traceback is in the engine's log. Every other request carries on.
     error: str | None = None
-    # time.monotonic() when the engine first scheduled the request (the end of its queueing),
-    # on the final delta: the replica's queue / prefill / decode times.
+    # time.monotonic() when the engine first scheduled the request (the end of its queueing):
+    # the replica's queue / prefill / decode times.
     scheduled_at: float | None = None

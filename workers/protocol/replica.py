@@ -345,9 +345,11 @@ class AcceptedEvent(Wire):
 
 @dataclass(slots=True)
 class DeltaEvent(Wire):
-    """New output of one engine step. The last one (`final`) carries `finish_reason`,
-    `stop_reason` (the stop string or token id that ended it, if any), `usage`, `timings` and,
-    on a disaggregated deployment, `disaggregation`."""
+    """New output of one engine step. The first one of a request on a replica carries `timings`
+    of the phases so far (queue, prefill, grammar) and, on a disaggregated deployment,
+    `disaggregation`: a request that then moves to another replica keeps them in its trace. The
+    last one (`final`) carries `finish_reason`, `stop_reason` (the stop string or token id that
+    ended it, if any), `usage`, and `timings` and `disaggregation` in full."""
 
     TYPE: ClassVar[str] = "delta"
 
@@ -383,8 +385,10 @@ class DeltaEvent(Wire):
             out["stop_reason"] = self.stop_reason
             out["usage"] = self.usage
             out["timings"] = self.timings
-            if self.disaggregation:
-                out["disaggregation"] = self.disaggregation
+        elif self.timings is not None:
+            out["timings"] = self.timings
+        if self.disaggregation:
+            out["disaggregation"] = self.disaggregation
         return out
 
     @classmethod

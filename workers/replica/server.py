@@ -306,10 +306,12 @@ class ReplicaServer:
                 self._engine_failed(d.request_id, req, d.error)
                 continue
             self.metrics.token(req.arrived, req.last_token_at, now, len(d.new_token_ids))
+            event = DeltaEvent(d.request_id, d.new_text, d.new_token_ids, wall, index=d.index)
             if req.first_token_at is None:
                 req.first_token_at = now
+                event.timings = self._phases_so_far(req, d.scheduled_at)
+                event.disaggregation = dict(req.meta) if req.meta else None
             req.last_token_at = now
-            event = DeltaEvent(d.request_id, d.new_text, d.new_token_ids, wall, index=d.index)
             if d.new_logprobs is not None:
                 event.logprobs = [
                     self._logprob_entry(t, lp, req.top_logprobs)
@@ -320,7 +322,7 @@ class ReplicaServer:
                 if not req.samples_left:
                     self.inflight.pop(d.request_id, None)
                     self.metrics.finished(d.num_prompt_tokens, d.num_cached_tokens)
-                    scheduled = min(max(d.scheduled_at or req.arrived, req.arrived), req.first_token_at)
+                    scheduled = _scheduled(req, d.scheduled_at)
                     phases = (scheduled - req.arrived, req.first_token_at - scheduled, now - req.first_token_at)
                     self.metrics.phases(*phases)
                 event.finish_reason = d.finish_reason
@@ -342,6 +344,17 @@ class ReplicaServer:
                 if req.meta:
                     event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
+
+    @staticmethod
+    def _phases_so_far(req: Inflight, scheduled_at: float | None) -> dict:
+        """Its queue and prefill (and grammar) times, sent with its first token: should the
+        request move to another replica later, its trace still shows them."""
+        scheduled = _scheduled(req, scheduled_at)
+        timings = {"queue_ms": round((scheduled - req.arrived) * 1000, 3),
+                   "prefill_ms": round((req.first_token_at - scheduled) * 1000, 3)}  # fmt: skip
+        if req.grammar_ms is not None:
+            timings["grammar_ms"] = req.grammar_ms
+        return timings
 
     def _engine_failed(self, rid: str, req: Inflight, cause: str | None) -> None:
         """The engine failed while stepping `rid` and ended it (every sample; the traceback is in
@@ -532,3 +545,8 @@ def report_progress(client: redis.Redis, replica_id: int, stage: str, fraction: 
     """While loading: the supervisor mirrors this into the database for the console."""
     status = ReplicaStatus("loading", time.time(), progress={"stage": stage, "fraction": round(fraction, 3)})
     client.hset(protocol.status_key(replica_id), mapping=status.to_hash())
+
+
+def _scheduled(req: Inflight, scheduled_at: float | None) -> float:
+    """When the engine first scheduled `req` (the end of its queueing), within its arrival and first token."""
+    return min(max(scheduled_at or req.arrived, req.arrived), req.first_token_at)
