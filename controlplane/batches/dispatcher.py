@@ -14,7 +14,8 @@ Lines go to the web process's own API (GATEWAY_URL) with a token naming the batc
 (tokens.py): routing, failover, every endpoint's checks and its response body are the gateway's.
 The gateway runs them at the batch priority, below every interactive request: the engine queues
 them last and preempts them first. The dispatcher keeps at most what the deployment has to spare
-in flight: BATCH_FILL of its ready replicas' sequence slots, less the interactive requests running and
+in flight: a fraction of its ready replicas' sequence slots (BATCH_FILL; under a TTFT SLO, less while
+the interactive requests' TTFT breaks it: slo_gate.py), less the interactive requests running and
 waiting there, and nothing new while interactive requests wait or the KV cache is nearly full
 (one line always, so a busy fleet still moves the batch on). Batches on one deployment share
 that room: the lines of every batch in flight there count, none as interactive load.
@@ -36,6 +37,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import httpx
@@ -45,10 +47,13 @@ from django.db import close_old_connections, connections
 from django.db.models import F, Q
 from django.utils import timezone
 
+from controlplane.autoscaling.models import Autoscaling
 from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchLine
+from controlplane.batches.slo_gate import FillGate
 from controlplane.batches.tokens import token_for
 from controlplane.deployments.models import Deployment, Replica
+from controlplane.gateway import inspector
 from workers.protocol import replica as protocol
 from workers.protocol.replica import ReplicaStatus
 from workers.protocol.wire import ProtocolError
@@ -81,6 +86,7 @@ class Dispatcher:
         self.db_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batch-db")
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True, name="batch-dispatcher")
         self.running: dict[str, asyncio.Task] = {}
+        self.gates: dict[int, FillGate] = {}  # by deployment
         self.redis = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=2)
 
     def close(self) -> None:
@@ -192,6 +198,7 @@ class Dispatcher:
             for pk in ready:
                 pipe.hgetall(protocol.status_key(pk))
             raws = pipe.execute()
+            fill = self.fill(deployment, len(ready))
         except redis.RedisError:  # the gateway is blind too: keep one line going
             return 1
         running = waiting = free = total = 0
@@ -207,12 +214,30 @@ class Dispatcher:
         # Every batch's lines on this deployment share the room: none is taken for interactive load.
         lines = BatchLine.objects.filter(state=BatchLine.State.SENT, batch__model=model, batch__status__in=Batch.ACTIVE)
         batched = max(lines.count(), inflight)
-        slots = int(len(ready) * deployment.max_num_seqs * settings.BATCH_FILL)
+        slots = int(len(ready) * deployment.max_num_seqs * fill)
         interactive = max(0, running + waiting - batched)
         limit = max(1, slots - interactive)
         if waiting > batched or (total and 1 - free / total > KV_FULL):  # interactive requests queue: hold
             limit = max(1, min(limit, batched))
         return max(inflight + limit - batched, 1)  # each batch keeps one line going
+
+    def fill(self, deployment: Deployment, replicas: int) -> float:
+        """The fraction of the deployment's sequence slots its batch lines may take now."""
+        slo = Autoscaling.objects.filter(deployment=deployment).values_list("ttft_p90_ms", flat=True).first()
+        if slo is None:
+            return settings.BATCH_FILL
+        gate = self.gates.get(deployment.pk)
+        if gate is None:
+            gate = self.gates[deployment.pk] = FillGate(settings.BATCH_FILL, 1 / (replicas * deployment.max_num_seqs))
+        now = time.time()
+        if gate.due(now):
+            before = gate.fill
+            ttfts = inspector.interactive_ttfts(self.redis, deployment.slug, gate.checked_at)
+            gate.adjust(now, ttfts, slo)
+            if gate.fill < before:
+                log.info("batch lines on %s: fill %.2f -> %.2f, interactive TTFT p90 over its SLO (%g ms)",
+                         deployment.slug, before, gate.fill, slo)  # fmt: skip
+        return gate.fill
 
 
 def _ending(batch: Batch) -> tuple[str, str, str] | None:

@@ -299,7 +299,8 @@ class Generation:
             if not self.inspected:
                 self.inspected = True
                 kept = inspector.summary(self, self.failure)
-                await inspector.record(self.stream.hub.redis, self.deployment.slug, kept)
+                interactive = self.caller.batch is None
+                await inspector.record(self.stream.hub.redis, self.deployment.slug, kept, interactive)
 
 
 def broker_unavailable(exc: Exception | str) -> GatewayError:

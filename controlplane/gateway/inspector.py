@@ -1,7 +1,11 @@
 """The request inspector: the last requests of each deployment, each with its timeline (queue,
 prefill, decode as its replica timed them; its moves to other replicas) and outcome, kept in
 Redis (a capped list per deployment) as each request ends. The console's deployment page shows
-them, and events that name a request (`request.resumed`, `replica.crashed`) link to it."""
+them, and events that name a request (`request.resumed`, `replica.crashed`) link to it.
+
+Beside them, the time to first token of each deployment's last interactive requests (a batch's
+lines are not interactive): the batch dispatcher holds its lines back when these break the
+deployment's TTFT SLO (controlplane/batches/slo_gate.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +18,15 @@ import redis.asyncio as aioredis
 log = logging.getLogger(__name__)
 
 KEEP = 50
+TTFT_KEEP = 256
 
 
 def key(slug: str) -> str:
     return f"switchyard:recent-requests:{slug}"
+
+
+def ttft_key(slug: str) -> str:
+    return f"switchyard:interactive-ttft:{slug}"
 
 
 def summary(gen, error: str | None) -> dict:
@@ -50,11 +59,14 @@ def summary(gen, error: str | None) -> dict:
     }
 
 
-async def record(client: aioredis.Redis, slug: str, item: dict) -> None:
+async def record(client: aioredis.Redis, slug: str, item: dict, interactive: bool = True) -> None:
     try:
         pipe = client.pipeline(transaction=False)
         pipe.lpush(key(slug), json.dumps(item))
         pipe.ltrim(key(slug), 0, KEEP - 1)
+        if interactive and item["ttft_ms"] is not None:
+            pipe.lpush(ttft_key(slug), f"{item['at']}:{item['ttft_ms']}")
+            pipe.ltrim(ttft_key(slug), 0, TTFT_KEEP - 1)
         await pipe.execute()
     except aioredis.RedisError:  # the inspector must not fail the request it shows
         log.warning("could not keep request %s for the inspector", item.get("id"), exc_info=True)
@@ -63,3 +75,15 @@ async def record(client: aioredis.Redis, slug: str, item: dict) -> None:
 def recent(client, slug: str) -> list[dict]:
     """The deployment's last requests, newest first (a synchronous client)."""
     return [json.loads(raw) for raw in client.lrange(key(slug), 0, KEEP - 1)]
+
+
+def interactive_ttfts(client, slug: str, since: float) -> list[float]:
+    """The TTFTs (ms) of the deployment's interactive requests that ended after `since`
+    (time.time()), newest first (a synchronous client)."""
+    out = []
+    for raw in client.lrange(ttft_key(slug), 0, TTFT_KEEP - 1):
+        at, _, ms = raw.partition(":")
+        if float(at) <= since:
+            break
+        out.append(float(ms))
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -17,10 +18,13 @@ from django.utils import timezone
 from openai.types import Batch as OpenAIBatch
 from openai.types import FileDeleted, FileObject
 
-from controlplane.batches import dispatcher, services
+from controlplane.autoscaling.models import Autoscaling
+from controlplane.batches import dispatcher, services, slo_gate
 from controlplane.batches.models import Batch, BatchLine
+from controlplane.batches.slo_gate import FillGate
 from controlplane.batches.tokens import token_for
-from controlplane.deployments.models import Replica
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.gateway import inspector
 from controlplane.gateway.services import create_api_key
 from tests.controlplane.test_session_turns import serve
 from tests.support.played_replica import played_replica
@@ -181,6 +185,54 @@ def test_the_batch_token_serves_as_the_batchs_key_at_the_lowest_priority(client,
     assert client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
                        **auth(forged)).status_code == 401  # fmt: skip
     assert client.get("/v1/batches", **auth(token_for(batch["id"]))).status_code == 403
+
+
+# -- the dispatcher's pace under a TTFT SLO (slo_gate.py) --------------------------------------------
+def test_the_fill_halves_when_interactive_ttft_breaks_the_slo_and_grows_back_by_tenths():
+    gate = FillGate(ceiling=0.8, floor=0.1)
+    assert gate.fill == 0.8 and gate.due(slo_gate.ADJUST_SECONDS)
+    assert gate.adjust(10.0, [90.0] * 9 + [400.0], slo_ms=300) == 0.8  # p90 of ten is the 9th: 90 ms
+    assert not gate.due(10.0 + slo_gate.ADJUST_SECONDS / 2)
+    assert gate.adjust(12.0, [350.0, 320.0, 100.0], slo_ms=300) == 0.4
+    assert gate.adjust(14.0, [500.0], slo_ms=300) == 0.2
+    assert gate.adjust(16.0, [500.0], slo_ms=300) == 0.1  # never below the floor (one line)
+    assert gate.adjust(18.0, [500.0], slo_ms=300) == 0.1
+    assert gate.adjust(20.0, [], slo_ms=300) == pytest.approx(0.18)  # no interactive request: grow
+    assert gate.adjust(22.0, [250.0, 200.0], slo_ms=300) == pytest.approx(0.26)
+    for t in range(24, 40, 2):
+        gate.adjust(float(t), [100.0], slo_ms=300)
+    assert gate.fill == 0.8 and gate.breaches == 4  # never above BATCH_FILL
+
+
+def test_the_gateway_keeps_interactive_ttfts_and_not_a_batchs(client, key):
+    batch = create(client, key, [line(0)]).json()
+    [replica] = Replica.objects.filter(deployment__slug="turns")
+    rc = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    before = time.time()
+    with played_replica(rc, replica.pk):
+        for secret in (key, token_for(batch["id"]), key):
+            answer = client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
+                                 **auth(secret))  # fmt: skip
+            assert answer.status_code == 200, answer.content
+    ttfts = inspector.interactive_ttfts(rc, "turns", before)
+    assert len(ttfts) == 2 and all(0 < ms < 60_000 for ms in ttfts)
+    assert inspector.interactive_ttfts(rc, "turns", time.time()) == []
+
+
+def test_the_dispatcher_takes_batch_fill_of_the_slots_and_less_while_the_slo_breaks(key, settings, monkeypatch):
+    settings.BATCH_FILL = 1.0
+    deployment = Deployment.objects.get(slug="turns")
+    rc = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    d = dispatcher.Dispatcher()
+    try:
+        assert d.capacity("turns", 0) == deployment.max_num_seqs  # no SLO: BATCH_FILL of the slots
+        Autoscaling.objects.create(deployment=deployment, ttft_p90_ms=200.0)
+        rc.lpush(inspector.ttft_key("turns"), *[f"{time.time():.3f}:{ms}" for ms in (150.0, 900.0, 800.0)])
+        assert d.capacity("turns", 0) == deployment.max_num_seqs // 2  # broken: half
+        monkeypatch.setattr(slo_gate, "ADJUST_SECONDS", 0.0)  # time passes, no request broke it since
+        assert d.capacity("turns", 0) == int(deployment.max_num_seqs * 0.6)
+    finally:
+        d.close()
 
 
 # -- the dispatcher's states ------------------------------------------------------------------------

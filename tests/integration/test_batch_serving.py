@@ -3,7 +3,8 @@ requests uploaded, a batch created, its lines sent by the control worker's dispa
 simulated replicas, the output file read back. Then the same while a replica is killed and the
 control worker is killed (and started again, as its supervisor would): the output still holds
 every custom_id exactly once, each with the answer its own request gets alone; and again when
-the web process is killed mid-batch and started again."""
+the web process is killed mid-batch and started again, and when Redis is (the stack's own
+redis-server: it comes back empty)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import uuid
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -29,7 +31,7 @@ from tests.support.stack import (
     wait_ready,
     wait_web,
 )
-from workers.bench.processes import ROOT, free_port
+from workers.bench.processes import ROOT, RedisServer, free_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db(transaction=True)]
 MAX_TOKENS = 12
@@ -79,7 +81,16 @@ def check_output(client: openai.OpenAI, batch, n: int, alone: dict[int, str]) ->
             assert body["choices"][0]["message"]["content"] == alone[i], row
 
 
-def test_a_batch_runs_and_survives_a_replica_and_the_control_worker_being_killed(tmp_path):
+@contextmanager
+def broker_stopped(broker: RedisServer):
+    """Stops the stack's redis-server when the stack has stopped."""
+    try:
+        yield broker
+    finally:
+        broker.kill()
+
+
+def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_killed(tmp_path):
     from django.contrib.auth import get_user_model
 
     from controlplane.batches.models import BatchLine
@@ -88,9 +99,12 @@ def test_a_batch_runs_and_survives_a_replica_and_the_control_worker_being_killed
     from controlplane.gateway.services import create_api_key
 
     node, port = f"batch-{uuid.uuid4().hex[:4]}", free_port()
-    env = stack_env(tmp_path, CPU_REPLICAS_PER_DEVICE="2", REPLICA_CPU_THREADS="1", BATCH_DISPATCH_INTERVAL="1")
+    broker = RedisServer(cwd=tmp_path)  # its own, to restart
+    broker.start()
+    env = stack_env(tmp_path, CPU_REPLICAS_PER_DEVICE="2", REPLICA_CPU_THREADS="1", BATCH_DISPATCH_INTERVAL="1",
+                    REDIS_URL=broker.url)  # fmt: skip
     _, key = create_api_key(name="k", owner=get_user_model().objects.create_user("batch-owner"))
-    with processes(tmp_path, node, env, web_port=port, beat=True) as procs:
+    with broker_stopped(broker), processes(tmp_path, node, env, web_port=port, beat=True) as procs:
         wait_online(node)
         create_deployment({"slug": "sim", "model": demo_model(), "replicas": 2, "engine": "sim", "max_num_seqs": 8})
         wait_ready("sim", 2, 90)
@@ -151,6 +165,18 @@ def test_a_batch_runs_and_survives_a_replica_and_the_control_worker_being_killed
                     # The file the client downloads is the one it was told about, every line in it once.
                     output = client.files.content(done.output_file_id).content
                     assert client.files.retrieve(done.output_file_id).bytes == len(output)
+
+                    # 4. Redis killed mid-batch and started again, empty: the lines in flight broke
+                    # (the gateway answered 503) and went out again once every process reconnected.
+                    batch = run_batch(client, 60)
+                    lines = BatchLine.objects.filter(batch_id=batch.id)
+                    wait_for(lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(),
+                             60, "5 lines answered and more in flight", interval=0.05)  # fmt: skip
+                    broker.kill()
+                    wait_for(lambda: lines.filter(attempts__gt=1).exists(), 30, "a broken line to be sent again")
+                    broker.start()
+                    done = finished(client, batch.id, 150)
+                    check_output(client, done, 60, alone)
                 finally:
                     stop([web2], [web_log], timeout=20)
             finally:

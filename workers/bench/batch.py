@@ -9,9 +9,12 @@ scheduler, with its priorities and fair sharing. Phases, one after the other:
    requests that end after the first quarter of the time).
 2. `interactive_alone`: streamed chats (a ~100-token prompt, 32 tokens out) arriving as a Poisson
    process at `--rate` requests/s for `--seconds`: TTFT and ITL p90, and their throughput (I).
-3. `interactive_with_batch`: a `--lines`-line batch (8 tokens per line) created, then the same
-   trace (same seed). `batch.tok_s`: the batch's tokens per second while the interactive load ran;
-   `spare_capacity_used` = that / (C - I). The batch then runs to its end; its output file is
+3. `interactive_with_batch`: the deployment is given a TTFT SLO of `--slo` times phase 2's p90
+   (its autoscaling settings; autoscaling stays off), under which the dispatcher paces the
+   batch's lines (controlplane/batches/slo_gate.py), up to `--fill` of the slots. A `--lines`-line
+   batch (8 tokens per line) is created, then the same trace (same seed). `batch.tok_s`: the
+   batch's tokens per second while the interactive load ran; `spare_capacity_used` = that /
+   (C - I). The batch then runs to its end; its output file is
    checked: every custom_id once (`duplicates`, `missing`), every line answered 200 (`failed`).
    With `--chaos`, a replica and the control worker are killed (SIGKILL) once a quarter of the
    lines are answered; make run's supervisor starts the worker again, the agent the replica.
@@ -237,6 +240,10 @@ async def _main(args) -> dict:
             log(f"capacity: {capacity:.1f} tok/s with every sequence slot busy", quiet)
             interactive_alone, tok_s, _ = await interactive(stack, http, trace)
             log(f"interactive alone: {json.dumps(interactive_alone)}, {tok_s:.1f} tok/s", quiet)
+            if args.slo and interactive_alone["ttft_p90_ms"]:
+                slo = round(args.slo * interactive_alone["ttft_p90_ms"], 1)
+                await api(stack, "PATCH", f"deployments/{SLUG}/autoscaling/", {"ttft_p90_ms": slo})
+                log(f"the deployment's TTFT SLO: {slo} ms; batch lines take up to {args.fill} of the slots", quiet)
             with_batch, batch = await batch_phase(stack, http, trace, capacity, args)
             log(f"interactive with the batch: {json.dumps(with_batch)}", quiet)
 
