@@ -226,14 +226,15 @@ class Dispatcher:
         slo = Autoscaling.objects.filter(deployment=deployment).values_list("ttft_p90_ms", flat=True).first()
         if slo is None:
             return settings.BATCH_FILL
-        gate = self.gates.get(deployment.pk)
-        if gate is None:
-            gate = self.gates[deployment.pk] = FillGate(settings.BATCH_FILL, 1 / (replicas * deployment.max_num_seqs))
         now = time.time()
+        gate = self.gates.get(deployment.pk)
+        if gate is None:  # from now: what ended before is another dispatcher's past
+            gate = self.gates[deployment.pk] = FillGate(settings.BATCH_FILL, 0.0, checked_at=now, seen_until=now)
+        gate.floor = min(1 / (replicas * deployment.max_num_seqs), gate.ceiling)  # one line
         if gate.due(now):
             before = gate.fill
-            ttfts = inspector.interactive_ttfts(self.redis, deployment.slug, gate.checked_at)
-            gate.adjust(now, ttfts, slo)
+            ended = inspector.interactive_ttfts(self.redis, deployment.slug, gate.seen_until)
+            gate.adjust(now, ended, slo)
             if gate.fill < before:
                 log.info("batch lines on %s: fill %.2f -> %.2f, interactive TTFT p90 over its SLO (%g ms)",
                          deployment.slug, before, gate.fill, slo)  # fmt: skip

@@ -77,13 +77,13 @@ def recent(client, slug: str) -> list[dict]:
     return [json.loads(raw) for raw in client.lrange(key(slug), 0, KEEP - 1)]
 
 
-def interactive_ttfts(client, slug: str, since: float) -> list[float]:
-    """The TTFTs (ms) of the deployment's interactive requests that ended after `since`
-    (time.time()), newest first (a synchronous client)."""
+def interactive_ttfts(client, slug: str, after: float) -> list[tuple[float, float]]:
+    """(when it ended, its TTFT in ms) for each of the deployment's last interactive requests
+    that ended after `after` (the web process's time.time()), as a synchronous client reads them.
+    Every kept one is looked at: pushes from several web processes need not be in order."""
     out = []
     for raw in client.lrange(ttft_key(slug), 0, TTFT_KEEP - 1):
         at, _, ms = raw.partition(":")
-        if float(at) <= since:
-            break
-        out.append(float(ms))
+        if float(at) > after:
+            out.append((float(at), float(ms)))
     return out

@@ -189,18 +189,23 @@ def test_the_batch_token_serves_as_the_batchs_key_at_the_lowest_priority(client,
 
 # -- the dispatcher's pace under a TTFT SLO (slo_gate.py) --------------------------------------------
 def test_the_fill_halves_when_interactive_ttft_breaks_the_slo_and_grows_back_by_tenths():
-    gate = FillGate(ceiling=0.8, floor=0.1)
+    gate = FillGate(ceiling=0.8, floor=0.1, checked_at=0.0, seen_until=0.0)
     assert gate.fill == 0.8 and gate.due(slo_gate.ADJUST_SECONDS)
-    assert gate.adjust(10.0, [90.0] * 9 + [400.0], slo_ms=300) == 0.8  # p90 of ten is the 9th: 90 ms
-    assert not gate.due(10.0 + slo_gate.ADJUST_SECONDS / 2)
-    assert gate.adjust(12.0, [350.0, 320.0, 100.0], slo_ms=300) == 0.4
-    assert gate.adjust(14.0, [500.0], slo_ms=300) == 0.2
-    assert gate.adjust(16.0, [500.0], slo_ms=300) == 0.1  # never below the floor (one line)
-    assert gate.adjust(18.0, [500.0], slo_ms=300) == 0.1
+
+    def ended(at: float, *ms: float) -> list[tuple[float, float]]:
+        return [(at, value) for value in ms]
+
+    assert gate.adjust(10.0, ended(9, *[90.0] * 9, 400.0), slo_ms=300) == 0.8  # p90 of ten is the 9th: 90 ms
+    assert gate.seen_until == 9 and not gate.due(10.0 + slo_gate.ADJUST_SECONDS / 2)
+    assert gate.adjust(12.0, ended(11, 350.0, 320.0, 100.0), slo_ms=300) == 0.4
+    assert gate.adjust(14.0, ended(13, 500.0), slo_ms=300) == 0.2
+    assert gate.adjust(16.0, ended(15, 500.0), slo_ms=300) == 0.1  # never below the floor (one line)
+    assert gate.adjust(18.0, ended(17, 500.0), slo_ms=300) == 0.1
     assert gate.adjust(20.0, [], slo_ms=300) == pytest.approx(0.18)  # no interactive request: grow
-    assert gate.adjust(22.0, [250.0, 200.0], slo_ms=300) == pytest.approx(0.26)
+    assert gate.seen_until == 17
+    assert gate.adjust(22.0, ended(21, 250.0, 200.0), slo_ms=300) == pytest.approx(0.26)
     for t in range(24, 40, 2):
-        gate.adjust(float(t), [100.0], slo_ms=300)
+        gate.adjust(float(t), ended(t - 1, 100.0), slo_ms=300)
     assert gate.fill == 0.8 and gate.breaches == 4  # never above BATCH_FILL
 
 
@@ -214,25 +219,34 @@ def test_the_gateway_keeps_interactive_ttfts_and_not_a_batchs(client, key):
             answer = client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
                                  **auth(secret))  # fmt: skip
             assert answer.status_code == 200, answer.content
-    ttfts = inspector.interactive_ttfts(rc, "turns", before)
-    assert len(ttfts) == 2 and all(0 < ms < 60_000 for ms in ttfts)
+    ended = inspector.interactive_ttfts(rc, "turns", before)
+    assert len(ended) == 2 and all(before < at <= time.time() and 0 < ms < 60_000 for at, ms in ended)
     assert inspector.interactive_ttfts(rc, "turns", time.time()) == []
 
 
 def test_the_dispatcher_takes_batch_fill_of_the_slots_and_less_while_the_slo_breaks(key, settings, monkeypatch):
+    """Requests that ended before the dispatcher started pacing do not count; those after do."""
     settings.BATCH_FILL = 1.0
     deployment = Deployment.objects.get(slug="turns")
     rc = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+
+    def ended(*ms: float) -> None:
+        rc.lpush(inspector.ttft_key("turns"), *[f"{time.time():.6f}:{value}" for value in ms])
+
     d = dispatcher.Dispatcher()
     try:
         assert d.capacity("turns", 0) == deployment.max_num_seqs  # no SLO: BATCH_FILL of the slots
         Autoscaling.objects.create(deployment=deployment, ttft_p90_ms=200.0)
-        rc.lpush(inspector.ttft_key("turns"), *[f"{time.time():.3f}:{ms}" for ms in (150.0, 900.0, 800.0)])
+        ended(900.0, 900.0)  # before the gate: another dispatcher's past
+        monkeypatch.setattr(slo_gate, "ADJUST_SECONDS", 0.0)  # every look is due
+        assert d.capacity("turns", 0) == deployment.max_num_seqs  # the gate starts at BATCH_FILL
+        assert d.capacity("turns", 0) == deployment.max_num_seqs  # nothing new ended
+        ended(150.0, 900.0, 800.0)
         assert d.capacity("turns", 0) == deployment.max_num_seqs // 2  # broken: half
-        monkeypatch.setattr(slo_gate, "ADJUST_SECONDS", 0.0)  # time passes, no request broke it since
-        assert d.capacity("turns", 0) == int(deployment.max_num_seqs * 0.6)
+        assert d.capacity("turns", 0) == int(deployment.max_num_seqs * 0.6)  # none broke it since
     finally:
         d.close()
+        rc.delete(inspector.ttft_key("turns"))
 
 
 # -- the dispatcher's states ------------------------------------------------------------------------

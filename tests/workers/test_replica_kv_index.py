@@ -3,7 +3,7 @@ hashes its prefix cache holds into its Redis set (workers/protocol/kv_blocks.py)
 requests with the same prompt the set is exactly the blocks they computed and a router's lookup
 finds the prompt's prefix; after Redis restarts empty the replica writes the whole set again; a
 replica that stops leaves no set behind. The replica runs against a redis-server of its own so
-that the test can restart it."""
+that the test can restart it. Beside the set, the phase times its deltas carry."""
 
 from __future__ import annotations
 
@@ -85,6 +85,23 @@ def test_the_set_holds_the_blocks_the_replica_computed(replica):
     assert lookup(replica["server"].url, prefix_hashes([7, *PROMPT], BLOCK)) == {REPLICA: 0, REPLICA + 1: 0}
     status = ReplicaStatus.from_hash(client.hgetall(protocol.status_key(REPLICA)))
     assert status.kv_block_size == BLOCK
+
+
+def test_the_first_delta_carries_the_phases_so_far_and_the_last_all_of_them(replica):
+    """The gateway's trace keeps a replica's queue and prefill even when the request moves on
+    (tracing.py): they come with the request's first token, and again, with the rest, with its
+    last. A sample whose first token is also its last keeps them beside its own times."""
+    client = replica["redis"]
+    params = {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True}
+    deltas = [e for e in replica_request(client, REPLICA, params, prompt_token_ids=PROMPT) if e["type"] == "delta"]
+    first, last = deltas[0], deltas[-1]
+    assert {"queue_ms", "prefill_ms"} <= set(first["timings"]) and first["timings"]["prefill_ms"] > 0
+    assert all("timings" not in d for d in deltas[1:-1]) and first is not last
+    assert {"queue_ms", "prefill_ms", "decode_ms", "ttft_ms", "total_ms"} <= set(last["timings"])
+    assert last["timings"]["prefill_ms"] == first["timings"]["prefill_ms"]
+    one = {**params, "max_tokens": 1, "n": 2}
+    [only] = [e for e in replica_request(client, REPLICA, one, prompt_token_ids=PROMPT) if e["type"] == "delta"]
+    assert only["finish_reason"] and {"queue_ms", "prefill_ms", "ttft_ms", "total_ms"} <= set(only["timings"])
 
 
 def test_after_redis_restarts_empty_the_replica_publishes_its_whole_cache_again(replica):

@@ -332,7 +332,8 @@ class ReplicaServer:
                     "completion_tokens": d.num_output_tokens,
                     "cached_tokens": d.num_cached_tokens,
                 }
-                event.timings = {
+                event.timings = {  # over the phases so far, when this is also the sample's first delta
+                    **(event.timings or {}),
                     "ttft_ms": round((req.first_token_at - req.arrived) * 1000, 3),
                     "total_ms": round((now - req.arrived) * 1000, 3),
                 }
