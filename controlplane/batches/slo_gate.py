@@ -14,7 +14,7 @@ lines are not among them: their own TTFT is meant to give way.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ADJUST_SECONDS = 2.0
 DECREASE = 0.5
@@ -35,12 +35,11 @@ class FillGate:
     floor: float
     checked_at: float  # when it last adjusted (the dispatcher's clock)
     seen_until: float  # the end of the newest request it has looked at (the web process's clock)
-    fill: float = -1.0  # -1: not started (starts at the ceiling)
+    fill: float = field(init=False)  # starts at the ceiling
     breaches: int = 0  # intervals whose p90 broke the SLO (for the log and tests)
 
     def __post_init__(self) -> None:
-        if self.fill < 0:
-            self.fill = self.ceiling
+        self.fill = self.ceiling
 
     def due(self, now: float) -> bool:
         return now - self.checked_at >= ADJUST_SECONDS

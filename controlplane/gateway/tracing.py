@@ -65,7 +65,7 @@ class Leg:
     """The request's time on one replica: its phases there as the replica reported them with its
     first token (and again with its last), until the request ended or moved on."""
 
-    replica: int | None
+    replica: int
     first_token_at: float | None = None  # when the gateway saw its first token from this replica
     timings: dict = field(default_factory=dict)  # queue_ms, prefill_ms, grammar_ms
     transfer_ms: float | None = None  # a prefill replica computed its prompt and sent the KV
@@ -74,9 +74,9 @@ class Leg:
     def observe(self, event, now: float) -> None:
         if self.first_token_at is None:
             self.first_token_at = now
-        for name, value in (getattr(event, "timings", None) or {}).items():
+        for name, value in (event.timings or {}).items():
             self.timings.setdefault(name, value)
-        prefill = (getattr(event, "disaggregation", None) or {}).get("prefill") or {}
+        prefill = (event.disaggregation or {}).get("prefill") or {}
         if prefill.get("transfer_ms") is not None:
             self.transfer_ms = prefill["transfer_ms"]
         if event.usage:
@@ -103,9 +103,7 @@ class RequestTrace:
         self.legs.append(Leg(replica))
 
     def observe(self, event) -> None:
-        """A delta event from the replica serving it now."""
-        if not self.legs:
-            self.legs.append(Leg(None))
+        """A delta event from the replica serving it now (placed() named the first)."""
         self.legs[-1].observe(event, time.monotonic())
 
     def moved(self, note: dict, lost_at: float) -> None:
@@ -182,7 +180,7 @@ def _leg_spans(child, leg: Leg, ended: float) -> None:
     first = leg.first_token_at
     if first is None:
         return
-    where = {"switchyard.replica": leg.replica} if leg.replica is not None else {}
+    where = {"switchyard.replica": leg.replica}
     timings = leg.timings
     if "prefill_ms" in timings:
         prefill_start = first - timings["prefill_ms"] / 1000

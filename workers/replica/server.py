@@ -338,10 +338,7 @@ class ReplicaServer:
                     "total_ms": round((now - req.arrived) * 1000, 3),
                 }
                 if not req.samples_left:
-                    for name, seconds in zip(("queue_ms", "prefill_ms", "decode_ms"), phases, strict=True):
-                        event.timings[name] = round(seconds * 1000, 3)
-                    if req.grammar_ms is not None:
-                        event.timings["grammar_ms"] = req.grammar_ms
+                    event.timings.update(self._phases_so_far(req, d.scheduled_at), decode_ms=round(phases[2] * 1000, 3))
                 if req.meta:
                     event.disaggregation = req.meta
             self._pending.append((req.reply_to, event))
