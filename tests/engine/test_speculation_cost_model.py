@@ -174,11 +174,41 @@ class FixedCosts(StepCosts):
         pass
 
 
+class NeverLoses(cost_model.Realized):
+    """A realized check that never turns drafting off: the test's table alone decides."""
+
+    def drafting_loses(self, *args) -> bool:
+        return False
+
+
+class LosesAbove(cost_model.Realized):
+    """A realized check whose verdict is given: drafting lost at batch sizes above `batch`."""
+
+    def __init__(self, batch: int):
+        super().__init__()
+        self.batch = batch
+
+    def drafting_loses(self, batch_size: int, prompt_share: float) -> bool:
+        return batch_size > self.batch
+
+
+class RecordingCosts(FixedCosts):
+    """Given costs that keep a list of the steps the engine timed: (batch, query tokens, fed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[int, int, bool]] = []
+
+    def record_step(self, batch_size: int, query_tokens: int, seconds: float, fed: bool = False) -> None:
+        self.steps.append((batch_size, query_tokens, fed))
+
+
 def test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks(checkpoint_factory, monkeypatch):
     monkeypatch.setattr(cost_model, "EXPLORE_EVERY", 10**9)  # no exploring step in this test
     model_dir = checkpoint_factory("qwen3")
     llm = make(model_dir, True, spec={"choose_k": "measured"})
     engine = llm.engine
+    engine.speculator.realized = NeverLoses()
     # Alone, a verify costs less than a decode step (any acceptance pays); with two or more
     # running, 100x (nothing pays).
     costs = FixedCosts()
@@ -209,6 +239,135 @@ def test_the_engine_drafts_per_step_as_the_batch_grows_and_shrinks(checkpoint_fa
     assert gain["expected_plain"] > gain["expected"] > 0  # it drafts only where it expects a gain
     assert stats["expected_speedup"] == pytest.approx(gain["expected_plain"] / gain["expected"])
     assert stats["measured_speedup"] == pytest.approx(gain["measured_plain"] / gain["measured"])
+
+
+def test_the_realized_check_compares_what_drafting_and_plain_steps_yielded():
+    realized = cost_model.Realized()
+    for _ in range(16):
+        realized.add(8, "drafting", 20, 0.010)  # 2000 tokens a second
+    for _ in range(3):
+        realized.add(7, "plain", 8, 0.004)  # bucket 8 too: 2000 tokens a second
+    assert not realized.drafting_loses(8, 0.0), "3 plain steps are too few to judge by"
+    realized.add(5, "plain", 8, 0.004)
+    assert realized.rate(6, "plain") == pytest.approx(2000) and realized.rate(8, "drafting") == pytest.approx(2000)
+    assert not realized.drafting_loses(8, 0.0), "a tie is not a loss"
+    # the prompts' feeding charged to drafting's tokens: 20 / (0.010 + 20 * 0.0001) = 1667 a second
+    assert realized.rate(8, "drafting", 0.0001) == pytest.approx(20 / 0.012)
+    assert realized.drafting_loses(8, 0.0001)
+    assert not realized.drafting_loses(4, 0.0001), "another bucket knows nothing yet"
+    # a step's tokens and seconds are averaged apart, so a long step weighs more than a short one
+    for _ in range(200):
+        realized.add(8, "plain", 8, 0.002)
+    assert realized.rate(8, "plain") == pytest.approx(4000, rel=1e-3) and realized.drafting_loses(8, 0.0)
+    realized.forget(8, "drafting")
+    assert realized.rate(8, "drafting") is None and not realized.drafting_loses(8, 0.0)
+
+
+def test_a_prompt_s_feeding_is_charged_to_the_tokens_drafting_emits():
+    """Batch 8, verifying 24 guesses costs 2.5 plain steps and 80% of guesses are accepted: two
+    guesses each yield 19.5 tokens in 8 ms against 8 in 4 ms, so drafting pays. But each
+    request's prompt took 2 ms to feed the head and its answer is 10 tokens: 0.2 ms a token while
+    drafting goes on, and then no draft pays (19.5 tokens take 11.9 ms)."""
+    costs = StepCosts()
+    costs.record_step(8, 8, 0.004)
+    costs.record_step(8, 8 + 24, 0.010)
+    rates, limits = [[0.8] * 3] * 8, [3] * 8
+    assert costs.prompt_feed_per_token() == 0.0
+    drafting = choose(rates, limits, costs, 8)
+    assert drafting.ks == [2] * 8 and drafting.rate == pytest.approx((8 + 8 * 1.44) / 0.008)
+    costs.record_prompt_feed(0.002)
+    costs.record_answer(10)
+    assert costs.prompt_feed_per_token() == pytest.approx(0.0002)
+    choice = choose(rates, limits, costs, 8)
+    assert choice.ks == [0] * 8 and choice.rate == pytest.approx(8 / 0.004)
+    assert choice.drafting == [2] * 8, "what exploring would draft"
+
+
+def observed_rows(drafter) -> list[tuple[str, int, int]]:
+    """Wrap a drafter's `observe`: a list, growing, of (request id, first position, rows) fed."""
+    fed = []
+    observe = drafter.observe
+
+    def recording(entries):
+        fed.extend((seq.request_id, start, len(rows)) for seq, start, rows in entries)
+        observe(entries)
+
+    drafter.observe = recording
+    return fed
+
+
+def test_the_head_reads_a_prompt_only_where_its_request_may_draft():
+    """Where drafting lost (`LosesAbove(2)`), a batch size stops feeding the head after
+    IDLE_AFTER choices to draft nothing, and the prompts prefilled there are not fed: the rows are
+    kept until the request's first decode step, fed with it if the batch shrank to a size that
+    feeds the head, and dropped if not. Alone (drafting pays), the prompt is fed with its prefill.
+    Outputs are the plain engine's."""
+    spec = {"method": "auto", "num_speculative_tokens": 3, "model": DEMO_DRAFT}
+    llm = LLM(DEMO, device="cpu", dtype="float32", speculative_config=spec)
+    engine = llm.engine
+    engine.speculator.realized = LosesAbove(2)
+    fed = observed_rows(engine.drafter.head)
+    plain = LLM(DEMO, device="cpu", dtype="float32")
+    prompts = [list(range(40 + i, 70 + i)) for i in range(12)]
+    length = len(prompts[0])
+
+    def run(rid: str, batch: list[list[int]], max_tokens: list[int]) -> None:
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+        for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
+            engine.add_request(f"{rid}{i}", prompt, p)
+        got: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                got.setdefault(delta.request_id, []).extend(delta.new_token_ids)
+        want = generate(plain, batch, params)
+        assert [got[f"{rid}{i}"] for i in range(len(batch))] == [w.token_ids for w in want]
+
+    def rows_of(rid: str) -> list[tuple[int, int]]:
+        return [(start, n) for r, start, n in fed if r == rid]
+
+    run("alone", prompts[:1], [12])
+    assert rows_of("alone0")[0] == (0, length), "alone, the prompt is fed in its prefill step"
+    run("warm", prompts[1:5], [12] * 4)  # four decoding: drafting lost there, the bucket goes idle
+    assert engine.speculator.idle_choices[4] >= cost_model.IDLE_AFTER
+    run("idle", prompts[5:9], [12] * 4)
+    assert all(start >= length for i in range(4) for start, _ in rows_of(f"idle{i}")), "no prompt fed at 4"
+    # Three prefilled together (bucket 4, idle: the prompts are kept); two end with their second
+    # token, so after the first decode step one runs alone, where the head is fed: the third's
+    # prompt comes with that step's row. (A step feeds for the batch it leaves running.)
+    engine.speculator.idle_choices[1] = 0  # alone, the head is fed (these made-up prompts aside)
+    run("shrank", prompts[9:12], [2, 2, 12])
+    assert rows_of("shrank2")[0] == (0, length + 1)
+    assert not rows_of("shrank0") and not rows_of("shrank1")
+    assert not engine.speculator._prompts, "no prompt is kept past its first decode step"
+
+
+def test_a_step_that_explores_not_drafting_feeds_the_head_after_it(monkeypatch):
+    """Every 3rd choice explores: where drafting is the best choice, it drafts nothing, and then
+    it feeds the head nothing either, so its time is a plain unfed step's (recorded fed=False).
+    Its rows are fed before the next draft: the head sees every position in order, no gap, and
+    keeps drafting. Outputs are the plain engine's."""
+    monkeypatch.setattr(cost_model, "EXPLORE_EVERY", 3)
+    spec = {"method": "auto", "num_speculative_tokens": 3, "model": DEMO_DRAFT}
+    llm = LLM(DEMO, device="cpu", dtype="float32", speculative_config=spec)
+    engine = llm.engine
+    costs = RecordingCosts()
+    StepCosts.record_step(costs, 1, 1, 1.0)
+    StepCosts.record_step(costs, 1, 4, 0.5)  # a verify costs half a decode step: drafting pays
+    engine.speculator.costs = costs
+    engine.speculator.realized = NeverLoses()
+    fed = observed_rows(engine.drafter.head)
+    prompt = list(range(40, 70))
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    got = generate(llm, [prompt], params)
+    assert got[0].token_ids == generate(LLM(DEMO, device="cpu", dtype="float32"), [prompt], params)[0].token_ids
+    plain_unfed = [s for s in costs.steps if s == (1, 1, False)]
+    assert plain_unfed, "an explored plain step, timed unfed"
+    position = 0
+    for _, start, rows in fed:
+        assert start == position, "each entry continues where the last ended"
+        position += rows
+    assert position >= len(prompt) + 30 - 4  # up to the last verify's accepted tokens
+    assert engine.speculation_stats()["num_drafts"] >= 3
 
 
 @pytest.mark.parametrize("head", ["without a head", "with the demo head"])

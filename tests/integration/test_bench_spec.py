@@ -15,9 +15,9 @@ from workers.bench.processes import ROOT
 from workers.bench.spec import DRAFT_DIR
 
 pytestmark = pytest.mark.timeout(300)
-KEYS = {"workload", "batch", "method", "tok_s", "speedup", "acceptance_length", "identical"}
+KEYS = {"workload", "batch", "method", "tok_s", "speedup", "acceptance_length", "identical", "ceiling"}
 HAS_DRAFT = (DRAFT_DIR / "config.json").is_file()
-METHODS = ["none", "ngram", "eagle3"] if HAS_DRAFT else ["none", "ngram"]
+METHODS = ["none", "ngram", "eagle3", "auto"] if HAS_DRAFT else ["none", "ngram"]
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -40,10 +40,14 @@ def test_quick_spec_bench_reports_every_run_with_outputs_identical_to_no_specula
         assert run["tok_s"] > 0 and run["speedup"] > 0
         assert run["identical"] is True, run
     cells = sorted((r["workload"], r["batch"], r["method"]) for r in runs)
-    assert cells == sorted((w, b, m) for w in ("tool_calls", "chat") for b in (1, 8) for m in METHODS)
+    assert cells == sorted((w, b, m) for w in ("tool_calls", "chat") for b in (1, 8, 32) for m in METHODS)
     for run in runs:
         if run["method"] == "none":
-            assert run["speedup"] == 1.0 and run["acceptance_length"] is None
+            assert run["speedup"] == 1.0 and run["acceptance_length"] is None and run["ceiling"] == 1.0
+        else:  # L x decode / a step of k guesses each: never above k + 1 times what a verify costs over a decode
+            assert run["ceiling"] is None or 0 < run["ceiling"] < 4 * 4, run
+    # At batch 1 every sequence drafts k in the always-drafting engine, so each ceiling is measured.
+    assert all(r["ceiling"] is not None for r in runs if r["batch"] == 1), runs
     # Batch 1 always speculates (the batch is under disable_by_batch_size); at batch 8 a method
     # may draft nothing, and then has no acceptance length.
     for method in METHODS[1:]:

@@ -64,12 +64,14 @@ def main(argv=None) -> int:
     )
     ca.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ca.add_argument("--json", action="store_true", help="print only the JSON line")
-    sp = sub.add_parser("spec", help="speculative decoding (none / ngram / eagle3) on the demo model, batch 1 and 8")
+    sp = sub.add_parser(
+        "spec", help="speculative decoding (none / ngram / eagle3 / auto) on the demo model, batch 1, 8 and 32"
+    )
     sp.add_argument("--model", default=None, help="target model directory (default: the demo model)")
     sp.add_argument("--draft", default=None, help="EAGLE-3 draft head directory (default: workers/demo/draft)")
     sp.add_argument(
         "--methods",
-        default="none,ngram,eagle3",
+        default="none,ngram,eagle3,auto",
         help="comma-separated, of none (the baseline), ngram, eagle3, ngram-measured, eagle3-measured, auto",
     )
     sp.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="drafts per step")

@@ -24,7 +24,26 @@ tuned on: on the 2-core CPU a 4-token verify costs 1.7x a decode step, on a GPU 
   draft, which makes the choice the exact maximum (tests compare it with every assignment).
 - **Exploration**: every `EXPLORE_EVERY`th step of a bucket takes the best choice that drafts when
   the best is not to draft, and not to draft when the best is to draft, so both costs stay
-  measured as the machine's load and the acceptance change (bounded cost: one step in 32).
+  measured as the machine's load and the acceptance change (bounded cost: one step in 32). A
+  step that explores not drafting does not feed the head either (its rows are fed before the
+  next draft: speculator.py), so what "no guesses" costs is measured, not derived.
+- **The prompt's feeding**: a head that drafts from hidden states reads the prompt of every
+  request it may draft for. That is paid once a request, so each token a drafting step emits
+  carries a share of it: the measured feeding of a prompt over the measured answer length
+  (`prompt_feed_per_token`). With short answers at a large batch that share decides (bench spec,
+  chat at batch 8). The prompt is fed with the request's first decode step, and only when that
+  step's batch size still feeds the head (speculator.py).
+- **The realized check** (`Realized`): the tables price each part of a step apart, from samples
+  spread over many (bucket, guesses) cells, so near the break-even point their sum can be wrong
+  by more than the margin (chat at batch 8 on the 2-core CPU: the tables expected 1.38x where the
+  pass ran at 0.8x). So each bucket also keeps what its decode steps actually yielded: tokens
+  emitted against seconds spent from the propose to the end of the feeding, for steps that
+  drafted and for steps that did not (their feeding taken out: not drafting feeds nothing).
+  While the drafting steps, charged the prompts' share, yielded fewer tokens a second than the
+  plain ones, the bucket drafts only to explore, and is not priced otherwise.
+- **Idle buckets**: after IDLE_AFTER choices in a row to draft nothing at a bucket, the head is
+  no longer fed there (its steps, and the prompts of requests that start decoding there, cost it
+  nothing); after REFEED_AFTER it is fed again and drafting there is judged afresh.
 
 Drafts change only how fast tokens come, never which ones, so no choice here can change an output.
 """
@@ -38,6 +57,14 @@ from dataclasses import dataclass, field
 # EWMA weight of a new measurement: recent steps count, one slow step does not decide.
 ALPHA = 0.2
 EXPLORE_EVERY = 32
+# After this many choices in a row to draft nothing, a bucket stops feeding the head; after
+# REFEED_AFTER it feeds it again and judges drafting afresh.
+IDLE_AFTER = 8
+REFEED_AFTER = 8 * EXPLORE_EVERY
+# The realized check acts once each side has this many steps, and remembers longer than the
+# tables: a bucket it turns off stops feeding the head, so its verdict must not be one bad run's.
+MIN_REALIZED = {"drafting": 16, "plain": 4}
+REALIZED_ALPHA = 0.05
 # Pseudo-runs the engine-wide acceptance counts as, against a sequence's own runs.
 PRIOR_WEIGHT = 4.0
 # Before anything was verified: an acceptance worth trying (measured, it is replaced).
@@ -53,13 +80,14 @@ def bucket(batch_size: int) -> int:
 
 
 class Ewma:
-    __slots__ = ("value",)
+    __slots__ = ("alpha", "value")
 
-    def __init__(self) -> None:
+    def __init__(self, alpha: float = ALPHA) -> None:
+        self.alpha = alpha
         self.value: float | None = None
 
     def add(self, x: float) -> None:
-        self.value = x if self.value is None else self.value + ALPHA * (x - self.value)
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
 
 
 class StepCosts:
@@ -75,6 +103,8 @@ class StepCosts:
         # either, so "no guesses" is priced as a step without feeding (`off_seconds`).
         self.unfed: dict[int, Ewma] = {}  # bucket -> seconds of a plain step that fed nothing
         self.feed: dict[int, Ewma] = {}  # bucket -> seconds of the feeding in a step
+        self.prompt_feed = Ewma()  # seconds of feeding one request's prompt to the head
+        self.answer_tokens = Ewma()  # tokens of a finished request's answer
 
     def record_step(self, batch_size: int, query_tokens: int, seconds: float, fed: bool = False) -> None:
         """A decode or verify step's seconds (its feeding included); `fed`: it fed the head."""
@@ -95,6 +125,19 @@ class StepCosts:
             return unfed.value
         feed = self.feed.get(b)
         return max(curve(0) - (feed.value if feed is not None and feed.value is not None else 0.0), 1e-9)
+
+    def record_prompt_feed(self, seconds: float) -> None:
+        """A request's prompt was fed to the head, in `seconds` over its prefill steps."""
+        self.prompt_feed.add(seconds)
+
+    def record_answer(self, tokens: int) -> None:
+        self.answer_tokens.add(tokens)
+
+    def prompt_feed_per_token(self) -> float:
+        """Seconds of prompt feeding each emitted token carries while drafting goes on: a
+        prompt's feeding over an answer's length (0 until both were measured)."""
+        feed, answer = self.prompt_feed.value, self.answer_tokens.value
+        return feed / answer if feed is not None and answer else 0.0
 
     def record_draft(self, batch_size: int, positions: int, seconds: float) -> None:
         if positions > 0:
@@ -136,6 +179,43 @@ class StepCosts:
     def draft_seconds(self, batch_size: int) -> float:
         e = self.draft.get(bucket(batch_size))
         return e.value if e is not None and e.value is not None else 0.0
+
+
+class Realized:
+    """Per batch bucket, what drafting steps and plain unfed steps yielded: EWMAs of the tokens
+    a step emitted and of the seconds it took (their ratio weighs each step by its length)."""
+
+    def __init__(self) -> None:
+        self.sides: dict[tuple[int, str], tuple[Ewma, Ewma]] = {}
+        self.counts: dict[tuple[int, str], int] = {}
+
+    def add(self, batch_size: int, side: str, tokens: int, seconds: float) -> None:
+        key = (bucket(batch_size), side)
+        tok, sec = self.sides.setdefault(key, (Ewma(REALIZED_ALPHA), Ewma(REALIZED_ALPHA)))
+        tok.add(tokens)
+        sec.add(seconds)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def forget(self, batch_size: int, side: str) -> None:
+        key = (bucket(batch_size), side)
+        self.sides.pop(key, None)
+        self.counts.pop(key, None)
+
+    def rate(self, batch_size: int, side: str, per_token: float = 0.0) -> float | None:
+        """Tokens per second of `side`'s steps, `per_token` seconds added to each token; None
+        while fewer than MIN_REALIZED of them were seen."""
+        key = (bucket(batch_size), side)
+        if self.counts.get(key, 0) < MIN_REALIZED[side]:
+            return None
+        tok, sec = self.sides[key]
+        return tok.value / (sec.value + per_token * tok.value)
+
+    def drafting_loses(self, batch_size: int, prompt_share: float) -> bool:
+        """Whether this bucket's drafting steps, charged `prompt_share` seconds a token for the
+        prompts' feeding, yielded fewer tokens a second than its plain steps."""
+        drafting = self.rate(batch_size, "drafting", prompt_share)
+        plain = self.rate(batch_size, "plain")
+        return drafting is not None and plain is not None and drafting < plain
 
 
 @dataclass
@@ -215,6 +295,7 @@ def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_
         return Choice([0] * len(limits), 0.0, [min(1, n) for n in limits])
     draft_each = costs.draft_seconds(batch_size)
     off = costs.off_seconds(batch_size, curve)
+    prompt_share = costs.prompt_feed_per_token()  # paid per token while drafting, not when off
     best = drafting = None
     # A draft pass per position: the longest draft costs too. Walking the path once per cap on
     # the longest finds, for every total and longest, the likeliest guesses, so the best of all;
@@ -222,10 +303,11 @@ def choose(rates: list[list[float]], limits: list[int], costs: StepCosts, batch_
     caps = range(1, max(limits) + 1) if draft_each > 0.01 * curve(0) else [max(limits)]
     for cap in caps:
         for ks, extra, drafted, longest in _greedy_path(rates, [min(n, cap) for n in limits]):
-            seconds = curve(drafted) + draft_each * longest if drafted else off
-            rate = (batch_size + extra) / seconds
+            tokens = batch_size + extra
+            seconds = curve(drafted) + draft_each * longest + prompt_share * tokens if drafted else off
+            rate = tokens / seconds
             if best is None or rate > best[1]:
-                best = (list(ks), rate, batch_size + extra, seconds)
+                best = (list(ks), rate, tokens, seconds)
             if drafted and (drafting is None or rate > drafting[1]):
                 drafting = (list(ks), rate)
     return Choice(best[0], best[1], drafting[0] if drafting is not None else best[0], best[2], best[3], off)

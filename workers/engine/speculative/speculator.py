@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from workers.engine.sequence import Sequence
 from workers.engine.speculative import cost_model
 from workers.engine.speculative.backoff import DraftBackoff
@@ -23,12 +25,14 @@ from workers.engine.speculative.stats import SpeculationStats
 
 
 @dataclass
-class _GainStep:
-    """A step the measured choice drafted in, from its propose to its observe (stats.record_gain)."""
+class _MeasuredStep:
+    """A step the measured choice made, from its propose to its observe: what it yielded
+    (cost_model.Realized) and, when it drafted by choice, its gain (stats.record_gain)."""
 
-    choice: cost_model.Choice
+    choice: cost_model.Choice | None  # set when the choice drafted (not exploring)
     batch_size: int
-    started: float  # perf_counter when drafting began
+    started: float  # perf_counter when the propose began
+    drafted: bool = False
     tokens: int = 0  # emitted so far: each sampled sequence's accepted guesses plus its own token
 
 
@@ -69,14 +73,21 @@ class Speculator:
         # choose_k "measured" (cost_model.py): what steps cost here, what drafts yield.
         self.measured = config.choose_k == "measured"
         self.costs = cost_model.StepCosts()
+        self.realized = cost_model.Realized()
         self.history = cost_model.Acceptance()  # every sequence's runs: the prior
         self.acceptance: dict[Sequence, cost_model.Acceptance] = {}
         self.steps_in_bucket: dict[int, int] = {}
-        # bucket -> choices in a row that drafted nothing: past EXPLORE_EVERY of them the head is
-        # no longer fed at that batch size (nothing pays there), until a choice drafts again.
+        # bucket -> choices in a row that chose to draft nothing (exploring aside): past
+        # IDLE_AFTER of them the head is no longer fed at that batch size (nothing pays there),
+        # until a choice drafts again or REFEED_AFTER choices have passed.
         self.idle_choices: dict[int, int] = {}
-        # This step's measured choice, while it drafts: expected against measured gain.
-        self._gain: _GainStep | None = None
+        self._step: _MeasuredStep | None = None  # this step's measured choice
+        # A step exploring "no guesses" does not feed the head, so its time is an unfed step's;
+        # its rows wait here and are fed before the next draft (the head then misses nothing).
+        self._defer_feed = False
+        self._deferred: list[tuple[Sequence, int, object]] = []
+        # A sequence's prefill rows, fed with its first decode step: (first position, row blocks).
+        self._prompts: dict[Sequence, tuple[int, list]] = {}
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -89,7 +100,7 @@ class Speculator:
         either. (A sequence the head missed steps of drafts nothing with it: eagle3.py.)"""
         if not self.feeds_states or not self.active(num_running):
             return False
-        return not self.measured or self.idle_choices.get(cost_model.bucket(num_running), 0) < cost_model.EXPLORE_EVERY
+        return not self.measured or self.idle_choices.get(cost_model.bucket(num_running), 0) < cost_model.IDLE_AFTER
 
     def propose(self, running: list[Sequence], max_model_len: int, fail: Callable) -> dict[Sequence, list[int]]:
         """Drafts for this step's decoding sequences, or none when the batch is too large to pay.
@@ -97,7 +108,10 @@ class Speculator:
         token than it accepts, within max_tokens and the context. A constrained sequence's draft
         is cut where its grammar refuses a token or ends, so verification only meets states the
         grammar can reach; a grammar that raises here fails its request (`fail(seq, exc)`)."""
-        self._gain = None
+        self._step = None
+        if self._deferred:
+            self._feed_entries(self._deferred)
+            self._deferred = []
         if not self.active(len(running)):
             return {}
         started = time.perf_counter()
@@ -116,12 +130,13 @@ class Speculator:
         num_decoding, exploring = len(seqs), False
         if self.measured and seqs:
             limits, exploring, choice = self._choose_k(seqs, limits, len(running))
-            if any(limits) and not exploring:
-                self._gain = _GainStep(choice, len(running), started)
+            self._step = _MeasuredStep(choice if any(limits) and not exploring else None, len(running), started)
+            self._defer_feed = exploring and not any(limits)
+            if not exploring:
+                self._count_idle(len(running), drafted=any(limits))
             seqs, limits = [s for s, k in zip(seqs, limits, strict=True) if k], [k for k in limits if k]
             if not seqs:
                 self.stats.record_choice([0] * num_decoding)
-                self._count_idle(len(running), drafted=False)
         drafting = time.perf_counter()
         drafts = {}
         for seq, draft, n in zip(seqs, self.drafter.propose(seqs, limits) if seqs else [], limits, strict=True):
@@ -139,13 +154,18 @@ class Speculator:
             drafted = [len(drafts.get(seq, ())) for seq in seqs]
             self.stats.record_choice(drafted + [0] * (num_decoding - len(seqs)))
             self.costs.record_draft(len(running), max(drafted), now - drafting)
-            # A choice to draft that found nothing to say (the head not fed yet) is not idle.
-            self._count_idle(len(running), drafted=any(drafted) or not exploring)
+            self._step.drafted = any(drafted)
         return drafts
 
     def _count_idle(self, batch_size: int, drafted: bool) -> None:
         b = cost_model.bucket(batch_size)
-        self.idle_choices[b] = 0 if drafted else self.idle_choices.get(b, 0) + 1
+        idle = 0 if drafted else self.idle_choices.get(b, 0) + 1
+        if idle >= cost_model.REFEED_AFTER:
+            # Now and then the head is fed again at a bucket that stopped, its drafting judged
+            # afresh, so a change in what pays (the workload's acceptance, the load) is seen.
+            idle = 0
+            self.realized.forget(batch_size, "drafting")
+        self.idle_choices[b] = idle
 
     def _choose_k(
         self, seqs: list[Sequence], limits: list[int], batch_size: int
@@ -153,20 +173,28 @@ class Speculator:
         """Guesses per sequence for this step (0 included), from the measured costs, whether
         this is an exploring step (every EXPLORE_EVERY-th step of a batch bucket takes the other
         side, drafting or not, so both stay measured), and the choice."""
+        b = cost_model.bucket(batch_size)
+        self.steps_in_bucket[b] = self.steps_in_bucket.get(b, 0) + 1
+        exploring = self.steps_in_bucket[b] % cost_model.EXPLORE_EVERY == 0
+        # Where drafting yielded less than not drafting, the choice is not even priced (on the
+        # 2-core CPU the walk over 32 sequences costs a millisecond a step), except to explore.
+        loses = self.realized.drafting_loses(batch_size, self.costs.prompt_feed_per_token())
+        if loses and not exploring:
+            return [0] * len(seqs), False, cost_model.Choice([0] * len(seqs), 0.0, [])
         prior = self.history.rates(max(limits), weight=1.0)
         none = cost_model.Acceptance()
         rates = [self.acceptance.get(seq, none).rates(n, prior) for seq, n in zip(seqs, limits, strict=True)]
         choice = cost_model.choose(rates, limits, self.costs, batch_size)
-        b = cost_model.bucket(batch_size)
-        self.steps_in_bucket[b] = self.steps_in_bucket.get(b, 0) + 1
-        if self.steps_in_bucket[b] % cost_model.EXPLORE_EVERY == 0:
+        if loses:
+            choice.ks = [0] * len(choice.ks)
+        if exploring:
             return ([0] * len(choice.ks) if any(choice.ks) else choice.drafting), True, choice
         return choice.ks, False, choice
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A sampled sequence's step: `num_accepted` of its `num_drafted` guesses were taken."""
-        if self._gain is not None:
-            self._gain.tokens += 1 + num_accepted
+        if self._step is not None:
+            self._step.tokens += 1 + num_accepted
         if num_drafted:
             self.stats.record(num_drafted, num_accepted)
             self.backoff.record(seq, num_accepted)
@@ -183,42 +211,86 @@ class Speculator:
         if any(item.draft_token_ids for item in batch.all):
             self.stats.num_verify_steps += 1
             self.stats.verify_seconds += time.perf_counter() - started
-        fed = self._feed(batch, starts, aux, num_running)
-        if self._gain is not None:
-            g, choice = self._gain, self._gain.choice
-            seconds = time.perf_counter() - g.started  # the draft pass, the step and the feeding
-            self.stats.record_gain(choice.tokens, choice.seconds, g.tokens, seconds, choice.plain_seconds, g.batch_size)
-            self._gain = None
-        if self.measured and all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all):
+        fed = self._feed(batch, starts, aux, num_running, defer=self._defer_feed)
+        self._defer_feed = False
+        # Prompts fed now are charged apart (cost_model's prompt_feed_per_token), not to the step.
+        fed_seconds, prompt_seconds = fed if fed is not None else (0.0, 0.0)
+        decoding = all(item.num_tokens == 1 + len(item.draft_token_ids) for item in batch.all)
+        if self._step is not None:
+            g, choice = self._step, self._step.choice
+            # the draft pass, the step and the feeding
+            seconds = time.perf_counter() - g.started - prompt_seconds
+            if choice is not None:
+                self.stats.record_gain(
+                    choice.tokens, choice.seconds, g.tokens, seconds, choice.plain_seconds, g.batch_size
+                )
+            if decoding:  # a plain step is counted without its feeding: "no guesses" feeds nothing
+                side, spent = ("drafting", seconds) if g.drafted else ("plain", seconds - fed_seconds + prompt_seconds)
+                self.realized.add(g.batch_size, side, g.tokens, spent)
+            self._step = None
+        if self.measured and decoding:
             # A decode or verify step (no prompt chunk in it): what it cost for its query tokens,
             # the head's feeding included (it is paid for drafting).
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started - prompt_seconds
             tokens = sum(item.num_tokens for item in batch.all)
             self.costs.record_step(len(batch.all), tokens, seconds, fed=fed is not None)
             if fed is not None:
-                self.costs.record_feed(len(batch.all), fed)
+                self.costs.record_feed(len(batch.all), fed_seconds - prompt_seconds)
 
-    def _feed(self, batch, starts: list[int], aux, num_running: int) -> float | None:
-        """Hand the head this step's states; the seconds that took, None when it was not fed."""
-        if aux is None or not self.keeps_states(num_running):
+    def _feed(self, batch, starts: list[int], aux, num_running: int, defer: bool = False) -> tuple[float, float] | None:
+        """Hand the head this step's states (or, with `defer`, keep them for the next propose):
+        (seconds feeding took, the share of them spent on prompts), None when nothing was fed.
+
+        A prefill chunk at a batch size that does not feed the head is kept, not dropped: it is
+        fed with the sequence's first decode step if that step's batch size feeds the head (the
+        batch shrank meanwhile), and dropped otherwise, so a request that decodes where drafting
+        does not pay costs the head nothing."""
+        if aux is None:
             return None
-        started = time.perf_counter()
+        feeds = self.keeps_states(num_running)
         entries, row = [], 0
         for item, start in zip(batch.all, starts, strict=True):
             seq = item.seq
-            if seq.is_finished:
-                self.drafter.release(seq)
-            else:
-                entries.append((seq, start, aux[row : row + seq.num_computed_tokens - start]))
+            rows = aux[row : row + seq.num_computed_tokens - start]
             row += item.num_tokens
-        self.drafter.observe(entries)
+            if seq.is_finished:
+                self.release(seq)
+                continue
+            first, parts = self._prompts.pop(seq, (start, []))
+            if parts and first + sum(len(p) for p in parts) != start:  # recomputed after a preemption
+                first, parts = start, []
+            if start < seq.num_prompt_tokens and not feeds:  # (part of) its prefill: kept until it decodes
+                self._prompts[seq] = (first, [*parts, rows])
+            elif feeds:
+                entries.append((seq, first, torch.cat([*parts, rows]) if parts else rows))
+        if defer:
+            self._deferred = entries
+            return None
+        return self._feed_entries(entries) if entries else None
+
+    def _feed_entries(self, entries: list) -> tuple[float, float]:
+        """Feed the head: (seconds, the prompts' share by rows); each fed prompt's share is
+        recorded (cost_model's prompt_feed_per_token)."""
+        started = time.perf_counter()
+        self.drafter.observe([e for e in entries if not e[0].is_finished])
         seconds = time.perf_counter() - started
         self.stats.draft_seconds += seconds
-        return seconds
+        rows = sum(len(aux) for _, _, aux in entries)
+        prompt_seconds = 0.0
+        for seq, start, aux in entries:
+            prompt_rows = min(start + len(aux), seq.num_prompt_tokens) - start
+            if prompt_rows > 0:
+                share = seconds * prompt_rows / rows
+                self.costs.record_prompt_feed(share)
+                prompt_seconds += share
+        return seconds, prompt_seconds
 
     def release(self, seq: Sequence) -> None:
         self.drafter.release(seq)
         self.acceptance.pop(seq, None)
+        self._prompts.pop(seq, None)
+        if self.feeds_states and seq.num_output_tokens:
+            self.costs.record_answer(seq.num_output_tokens)
 
     def as_dict(self) -> dict:
         out = self.stats.as_dict()
