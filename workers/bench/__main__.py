@@ -79,6 +79,11 @@ def main(argv=None) -> int:
     sp.add_argument("--threads", type=int, default=1, help="torch threads, the same for every engine")
     sp.add_argument("--seed", type=int, default=1405, help="the workloads' corpus seed (the model trained on 0)")
     sp.add_argument("--quick", action="store_true", help="few prompts, two rounds (for smoke runs)")
+    sp.add_argument(
+        "--no-stack", dest="stack", action="store_false", help="leave out the make run stack run (JSON stack: null)"
+    )
+    sp.add_argument("--stack-seconds", type=float, default=40.0, help="seconds measured per deployment (stack run)")
+    sp.add_argument("--stack-warmup", type=float, default=15.0, help="unmeasured seconds of load before each")
     sp.add_argument("--json", action="store_true", help="print only the JSON line")
     ti = sub.add_parser("tiers", help="KV tiers (DRAM, Mooncake Store, disk) on an agent trace; scale-out and restart")
     ti.add_argument(

@@ -139,8 +139,8 @@ async def interactive(stack: Stack, http: httpx.AsyncClient, trace: list[float])
     took = time.monotonic() - started
     ok = [r for r in sent if r.ok]
     itls = [r.itl_ms for r in ok if r.itl_ms is not None]
-    result = {"ttft_p90_ms": round(percentile([r.ttft_ms for r in ok], 90), 1) if ok else None,
-              "itl_p90_ms": round(percentile(itls, 90), 1) if itls else None}  # fmt: skip
+    result = {"ttft_p90_ms": round(percentile([r.ttft_ms for r in ok], 0.9), 1) if ok else None,
+              "itl_p90_ms": round(percentile(itls, 0.9), 1) if itls else None}  # fmt: skip
     if len(ok) < len(sent):
         failed = next(r for r in sent if not r.ok)
         result["failed"] = len(sent) - len(ok)
@@ -258,7 +258,7 @@ async def _main(args) -> dict:
             if args.slo and not ttfts:
                 log("no interactive request was answered alone: the batch runs without a TTFT SLO", quiet)
             elif args.slo:
-                measured = percentile(ttfts, 90)
+                measured = percentile(ttfts, 0.9)
                 slo = round(args.slo * measured, 1)
                 await api(stack, "PATCH", f"deployments/{SLUG}/autoscaling/", {"ttft_p90_ms": slo})
                 log(f"the deployment's TTFT SLO: {slo} ms ({args.slo} x the gateway's p90 {measured:.1f} ms alone); "
