@@ -76,15 +76,16 @@ def _ready_model(name: str, directory, user):
 
 
 # Speculation an earlier `make run` gave the demo: before deployments speculated (none, k 4),
-# n-gram while there was no draft head, EAGLE-3 with the demo head. A demo made by a run before
-# DEMO_DEFAULTS (run.json's `demo_defaults`) is moved off these once; anything else, and anything
-# after that, is the operator's choice and is left alone.
-EARLIER_DEMO_SPECULATION = {("none", 4, None), ("ngram", 3, None), ("eagle3", 3, "demo-draft")}
-# 2: the demo does not speculate. On these CPUs speculation served fewer requests under
-# concurrency (issue 30: 0.88x plain chat at 32 clients; 0.84x in the engine alone), so the
-# default is the configuration that serves more, and the console says how to turn it on.
-DEMO_DEFAULTS = 2
-NO_SPECULATION = {"speculative_method": "none", "speculative_k": 3, "draft_model": None}
+# n-gram while there was no draft head, EAGLE-3 with the demo head, none again (DEMO_DEFAULTS 2).
+# A demo made by a run before DEMO_DEFAULTS (run.json's `demo_defaults`) is moved onto the
+# current default once; anything else, and anything after that, is the operator's choice and is
+# left alone.
+EARLIER_DEMO_SPECULATION = {("none", 4, None), ("ngram", 3, None), ("eagle3", 3, "demo-draft"), ("none", 3, None)}
+# 3: the demo speculates with `auto` (prompt lookup or the demo's head, k chosen per step from
+# what the replica measures, nothing where nothing pays): through make run at 32 clients it
+# served 1.05x the requests/s of none (bench spec's stack run, issue 31), where the fixed EAGLE-3
+# of DEMO_DEFAULTS 1 served 0.88x (issue 30).
+DEMO_DEFAULTS = 3
 
 
 def demo_draft_dir():
@@ -93,15 +94,18 @@ def demo_draft_dir():
     return MODEL_DIR.parent / "draft"  # `make demo-draft` trains it for the demo model
 
 
-def speculation_hint(draft) -> str:
-    """How to turn speculation on for the demo (a note `make run` prints)."""
-    if draft is None:
-        how = '{"speculative_method": "ngram", "speculative_k": 3}'
-    else:
-        how = f'{{"speculative_method": "eagle3", "speculative_k": 3, "draft_model": "{draft.name}"}}'
+def demo_speculation(draft) -> dict:
+    """The demo's speculation: `auto`, with the demo's draft head when there is a usable one."""
+    return {"speculative_method": "auto", "speculative_k": 3, "draft_model": draft}
+
+
+def speculation_note(draft) -> str:
+    """What the demo's speculation is and how to turn it off (a note `make run` prints)."""
+    drafter = "prompt lookup or the demo's EAGLE-3 head" if draft is not None else "prompt lookup"
     return (
-        "the demo deployment does not speculate: on a CPU it serves fewer requests under concurrency; "
-        f"to turn it on, edit the demo in the console (Deployments) or PATCH /api/v1/deployments/demo/ with {how}"
+        f"the demo deployment speculates with auto ({drafter}, guesses only where the replica measures "
+        "that they pay); to turn it off, edit the demo in the console (Deployments) or PATCH "
+        '/api/v1/deployments/demo/ with {"speculative_method": "none"}'
     )
 
 
@@ -126,7 +130,7 @@ def demo_draft(user, model, draft_dir) -> tuple[object | None, list[str]]:
 
 def ensure_demo(user, draft_dir=None, defaults: int = 0) -> list[str]:
     """The demo model registered and valid, its draft head registered (workers/demo/draft by
-    default), and the `demo` deployment wanted running, without speculation. `defaults`: the
+    default), and the `demo` deployment wanted running, speculating with `auto`. `defaults`: the
     DEMO_DEFAULTS of the run that last set up the demo (0: none or before). Returns notes."""
     from controlplane.deployments import services as deployments
     from controlplane.deployments.models import Deployment
@@ -137,13 +141,14 @@ def ensure_demo(user, draft_dir=None, defaults: int = 0) -> list[str]:
         raise SystemExit(f"the demo model at {MODEL_DIR} is not usable: {model.status_message}")
     draft, notes = demo_draft(user, model, draft_dir or demo_draft_dir())
     demo = Deployment.objects.filter(slug="demo").first()
+    speculation = demo_speculation(draft)
     if demo is None:
-        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1, **NO_SPECULATION}, actor=user)
-        return [*notes, speculation_hint(draft)]
+        deployments.create_deployment({"slug": "demo", "model": model, "replicas": 1, **speculation}, actor=user)
+        return [*notes, speculation_note(draft)]
     current = (demo.speculative_method, demo.speculative_k, demo.draft_model.name if demo.draft_model else None)
-    if defaults < DEMO_DEFAULTS and current in EARLIER_DEMO_SPECULATION and current[0] != "none":
-        demo = deployments.update_deployment(demo, NO_SPECULATION, actor=user)
-        notes.append(speculation_hint(draft))
+    if defaults < DEMO_DEFAULTS and current in EARLIER_DEMO_SPECULATION:
+        demo = deployments.update_deployment(demo, speculation, actor=user)
+        notes.append(speculation_note(draft))
         if demo.desired_state == "running":
             deployments.restart(demo, actor=user)  # replicas still running roll onto it
     if demo.desired_state != "running":

@@ -96,7 +96,7 @@ def test_a_wiped_database_gets_the_remembered_password_back():
     assert key != remembered["api_key"] and notes[0].startswith("ROTATED")
 
 
-def test_the_demo_does_not_speculate_and_the_note_says_how_to_turn_it_on(tmp_path):
+def test_the_demo_speculates_with_auto_and_the_note_says_how_to_turn_it_off(tmp_path):
     from controlplane.catalog.models import Model
     from controlplane.deployments.models import Deployment
     from scripts.bootstrap import ensure_demo
@@ -104,19 +104,23 @@ def test_the_demo_does_not_speculate_and_the_note_says_how_to_turn_it_on(tmp_pat
     from workers.demo import MODEL_DIR
 
     user, _, _ = ensure_admin(None)
-    [note] = ensure_demo(user, draft_dir=tmp_path / "no-draft")
-    assert "does not speculate" in note and '"speculative_method": "ngram"' in note
+    [note] = ensure_demo(user, draft_dir=tmp_path / "no-draft")  # no head: prompt lookup alone
+    assert "speculates with auto (prompt lookup," in note and '{"speculative_method": "none"}' in note
     demo = Deployment.objects.get(slug="demo")
-    assert (demo.speculative_method, demo.draft_model) == ("none", None)
+    assert (demo.speculative_method, demo.speculative_k, demo.draft_model) == ("auto", 3, None)
     Deployment.objects.all().delete()
     head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
-    [note] = ensure_demo(user, draft_dir=head)  # the head is registered, for the one edit that turns it on
-    assert '"speculative_method": "eagle3"' in note and '"draft_model": "demo-draft"' in note
+    [note] = ensure_demo(user, draft_dir=head)
+    assert "prompt lookup or the demo's EAGLE-3 head" in note
     assert Model.objects.get(name="demo-draft").status == "ready"
-    assert Deployment.objects.get(slug="demo").speculative_method == "none"
+    demo = Deployment.objects.get(slug="demo")
+    assert (demo.speculative_method, demo.draft_model.name) == ("auto", "demo-draft")
 
 
-def test_a_demo_an_earlier_run_made_speculate_is_moved_off_once(tmp_path):
+@pytest.mark.parametrize(
+    "earlier", [("eagle3", 3, "demo-draft"), ("none", 3, None)], ids=["eagle3 (defaults 1)", "none (defaults 2)"]
+)
+def test_a_demo_an_earlier_run_set_up_is_moved_onto_auto_once(tmp_path, earlier):
     from controlplane.catalog.models import Model
     from controlplane.deployments.models import Deployment
     from controlplane.deployments.services import update_deployment
@@ -127,29 +131,33 @@ def test_a_demo_an_earlier_run_made_speculate_is_moved_off_once(tmp_path):
     user, _, _ = ensure_admin(None)
     head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
     ensure_demo(user, draft_dir=head)
-    earlier = {"speculative_method": "eagle3", "speculative_k": 3, "draft_model": Model.objects.get(name="demo-draft")}
-    update_deployment(Deployment.objects.get(slug="demo"), earlier)  # as a run before DEMO_DEFAULTS 2 left it
-    [note] = ensure_demo(user, draft_dir=head, defaults=1)
+    method, k, draft = earlier
+    earlier = {"speculative_method": method, "speculative_k": k,
+               "draft_model": draft and Model.objects.get(name=draft)}  # fmt: skip
+    update_deployment(Deployment.objects.get(slug="demo"), earlier)  # as a run before DEMO_DEFAULTS 3 left it
+    generation = Deployment.objects.get(slug="demo").generation
+    [note] = ensure_demo(user, draft_dir=head, defaults=DEMO_DEFAULTS - 1)
     demo = Deployment.objects.get(slug="demo")
-    assert demo.speculative_method == "none" and "does not speculate" in note
-    assert demo.generation == 2  # running replicas roll onto it
-    # Turned on again after that (the run.json says so): the operator's choice stays.
+    assert (demo.speculative_method, demo.draft_model.name) == ("auto", "demo-draft") and "auto" in note
+    assert demo.generation == generation + 1  # running replicas roll onto it
+    # Set so again after that (the run.json says so): the operator's choice stays.
     update_deployment(demo, earlier)
     assert ensure_demo(user, draft_dir=head, defaults=DEMO_DEFAULTS) == []
-    assert Deployment.objects.get(slug="demo").speculative_method == "eagle3"
+    assert Deployment.objects.get(slug="demo").speculative_method == method
 
 
-def test_a_draft_head_that_does_not_fit_is_named_and_the_hint_offers_ngram(tmp_path, model_dir):
+def test_a_draft_head_that_does_not_fit_is_named_and_the_demo_speculates_without_it(tmp_path, model_dir):
     from controlplane.deployments.models import Deployment
     from scripts.bootstrap import ensure_demo
     from tests.engine.checkpoints import build_eagle3_head
 
     user, _, _ = ensure_admin(None)
     head = build_eagle3_head(tmp_path / "draft", model_dir)  # for another model (vocabulary 320)
-    unusable, hint = ensure_demo(user, draft_dir=head)
+    unusable, note = ensure_demo(user, draft_dir=head)
     assert unusable.startswith("the draft head in") and "does not fit" in unusable
-    assert '"speculative_method": "ngram"' in hint
-    assert Deployment.objects.get(slug="demo").speculative_method == "none"
+    assert "speculates with auto (prompt lookup," in note
+    demo = Deployment.objects.get(slug="demo")
+    assert (demo.speculative_method, demo.draft_model) == ("auto", None)
 
 
 def test_speculation_the_operator_chose_for_the_demo_is_left_alone(tmp_path):

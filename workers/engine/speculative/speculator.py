@@ -95,9 +95,9 @@ class Speculator:
 
     def keeps_states(self, num_running: int) -> bool:
         """Whether the step must keep the states a hidden-state drafter reads (a parallel group
-        brings them to rank 0 only then). Measured: not at a batch size where EXPLORE_EVERY
-        choices in a row drafted nothing, so a batch where nothing pays does not feed the head
-        either. (A sequence the head missed steps of drafts nothing with it: eagle3.py.)"""
+        brings them to rank 0 only then). Measured: not at a batch size where IDLE_AFTER
+        choices in a row were to draft nothing, so a batch where nothing pays does not feed the
+        head either. (A sequence the head missed steps of drafts nothing with it: eagle3.py.)"""
         if not self.feeds_states or not self.active(num_running):
             return False
         return not self.measured or self.idle_choices.get(cost_model.bucket(num_running), 0) < cost_model.IDLE_AFTER
