@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     ba.add_argument("--fair-seconds", type=float, default=40, help="each fairness run's window")
     ba.add_argument("--seed", type=int, default=5)
     ba.add_argument("--fill", type=float, default=1.0, help="BATCH_FILL: the most of the slots a batch may fill")
-    ba.add_argument("--slo", type=float, default=1.2,
+    # 1.25: the bound on the interactive TTFT p90 beside a batch, as the deployment's SLO.
+    ba.add_argument("--slo", type=float, default=1.25,
                     help="the deployment's TTFT SLO, as a multiple of the interactive load's TTFT p90 alone; "
                     "0: no SLO (the batch takes BATCH_FILL of the slots)")  # fmt: skip
     ba.add_argument("--chaos", action="store_true", help="kill a replica and the control worker mid-batch")
