@@ -105,7 +105,7 @@ def speculation_note(draft) -> str:
     return (
         f"the demo deployment speculates with auto ({drafter}, guesses only where the replica measures "
         "that they pay); to turn it off, edit the demo in the console (Deployments) or PATCH "
-        '/api/v1/deployments/demo/ with {"speculative_method": "none"}'
+        '/api/v1/deployments/demo/ with {"speculative_method": "none", "draft_model": null}'
     )
 
 

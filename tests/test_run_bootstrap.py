@@ -99,13 +99,15 @@ def test_a_wiped_database_gets_the_remembered_password_back():
 def test_the_demo_speculates_with_auto_and_the_note_says_how_to_turn_it_off(tmp_path):
     from controlplane.catalog.models import Model
     from controlplane.deployments.models import Deployment
+    from controlplane.deployments.services import update_deployment
     from scripts.bootstrap import ensure_demo
     from tests.engine.checkpoints import build_eagle3_head
     from workers.demo import MODEL_DIR
 
     user, _, _ = ensure_admin(None)
     [note] = ensure_demo(user, draft_dir=tmp_path / "no-draft")  # no head: prompt lookup alone
-    assert "speculates with auto (prompt lookup," in note and '{"speculative_method": "none"}' in note
+    assert "speculates with auto (prompt lookup," in note
+    assert '{"speculative_method": "none", "draft_model": null}' in note
     demo = Deployment.objects.get(slug="demo")
     assert (demo.speculative_method, demo.speculative_k, demo.draft_model) == ("auto", 3, None)
     Deployment.objects.all().delete()
@@ -115,6 +117,9 @@ def test_the_demo_speculates_with_auto_and_the_note_says_how_to_turn_it_off(tmp_
     assert Model.objects.get(name="demo-draft").status == "ready"
     demo = Deployment.objects.get(slug="demo")
     assert (demo.speculative_method, demo.draft_model.name) == ("auto", "demo-draft")
+    # the note's way off is a valid edit (method none with a draft_model set would be refused)
+    turned_off = update_deployment(demo, {"speculative_method": "none", "draft_model": None})
+    assert (turned_off.speculative_method, turned_off.draft_model) == ("none", None)
 
 
 @pytest.mark.parametrize(

@@ -341,6 +341,42 @@ def test_the_head_reads_a_prompt_only_where_its_request_may_draft():
     assert not engine.speculator._prompts, "no prompt is kept past its first decode step"
 
 
+class PromptCosts(StepCosts):
+    """Step costs that keep a list of the prompt feedings and answer lengths recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[float] = []
+        self.answers: list[int] = []
+
+    def record_prompt_feed(self, seconds: float) -> None:
+        self.prompts.append(seconds)
+        super().record_prompt_feed(seconds)
+
+    def record_answer(self, tokens: int) -> None:
+        self.answers.append(tokens)
+        super().record_answer(tokens)
+
+
+def test_the_prompt_share_counts_each_prompt_once_and_only_answers_that_ended_as_asked():
+    """A prompt prefilled in chunks (16 tokens a step) is one sample of its feeding, not one a
+    chunk; an answer's length counts when it ended as asked, not when it was aborted."""
+    spec = {"method": "auto", "num_speculative_tokens": 3, "model": DEMO_DRAFT}
+    llm = LLM(DEMO, device="cpu", dtype="float32", speculative_config=spec, max_num_batched_tokens=16)
+    engine = llm.engine
+    costs = engine.speculator.costs = PromptCosts()
+    for i, max_tokens in enumerate((6, 9, 40)):
+        engine.add_request(str(i), list(range(40 + i, 80 + i)), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    while len(costs.answers) < 2:
+        engine.step()
+    engine.abort_request("2")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(costs.prompts) == 3 and all(seconds > 0 for seconds in costs.prompts)
+    assert sorted(costs.answers) == [6, 9]
+    assert costs.prompt_feed_per_token() > 0
+
+
 def test_a_step_that_explores_not_drafting_feeds_the_head_after_it(monkeypatch):
     """Every 3rd choice explores: where drafting is the best choice, it drafts nothing, and then
     it feeds the head nothing either, so its time is a plain unfed step's (recorded fed=False).

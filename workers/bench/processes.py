@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -65,11 +66,12 @@ def environ(**values: str) -> Iterator[None]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank q-quantile, q in (0, 1] (NaN for no values)."""
+    """The nearest-rank q-quantile, q in (0, 1]: the smallest value with at least q of them at or
+    below it (NaN for no values)."""
     if not 0 < q <= 1:  # 90 for the 90th percentile read as the maximum, unnoticed
         raise ValueError(f"percentile takes q in (0, 1], got {q}")
     ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
 class RedisServer:

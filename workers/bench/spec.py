@@ -27,8 +27,9 @@ drafter that always drafts (`ngram-always`, `eagle3-always`: no batch limit, no 
 row's acceptance length (the always engine's where the row drafted nothing).
 
 Then, unless --no-stack, the stack run (spec_stack.py): the same prompts through `make run`, 32
-concurrent clients, a deployment without speculation against one with `auto`; the JSON's `stack`
-(null with --no-stack).
+concurrent clients, a deployment without speculation against one with `auto`, always the demo
+model and its head (--model and --draft are the engines'); the JSON's `stack` (null with
+--no-stack, {"error": ...} when the stack did not come up).
 """
 
 from __future__ import annotations
@@ -443,13 +444,19 @@ def run(args) -> int:
         say("")
         say(f"stack run: make run, one replica, {spec_stack.CLIENTS} concurrent clients, none against auto:")
         mixed = [turn for pair in zip(chats["tool_calls"], chats["chat"], strict=True) for turn in pair]
-        stack = spec_stack.run([(m[:1], t) for m, t in mixed], args.stack_seconds, args.stack_warmup, args.json)
-        auto, none = stack["auto"]["rps"], stack["none"]["rps"]
-        say(
-            f"  auto served {auto / none:.2f}x the requests/s of none ({auto} against {none}); "
-            f"auto >= {TARGET_AUTO_FLOOR}x in the stack run: {'met' if auto >= TARGET_AUTO_FLOOR * none else 'NOT MET'}"
-        )
-        stack = {name: {k: v for k, v in result.items() if k != "failed"} for name, result in stack.items()}
+        try:  # the rounds above are not thrown away for a stack that did not come up
+            stack = spec_stack.run([(m[:1], t) for m, t in mixed], args.stack_seconds, args.stack_warmup, args.json)
+        except (Exception, SystemExit) as exc:
+            print(f"spec bench: the stack run failed: {exc}", file=sys.stderr)
+            stack = {"error": str(exc)[:500]}
+        else:
+            auto, none = stack["auto"]["rps"], stack["none"]["rps"]
+            ok = none > 0 and auto >= TARGET_AUTO_FLOOR * none
+            say(
+                f"  auto served {auto / none if none else float('nan'):.2f}x the requests/s of none ({auto} against "
+                f"{none}); auto >= {TARGET_AUTO_FLOOR}x in the stack run: {'met' if ok else 'NOT MET'}"
+            )
+            stack = {name: {k: v for k, v in result.items() if k != "failed"} for name, result in stack.items()}
     runs = [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
     print(json.dumps({"runs": runs, "stack": stack}))
     return 0

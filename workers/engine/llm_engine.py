@@ -396,7 +396,7 @@ class LLMEngine:
             self.block_manager.mark_computed(seq, len(delta.new_token_ids))
             self.block_manager.trim(seq)
         if delta.finished:
-            self.speculator.release(seq)
+            self.speculator.release(seq, completed=True)
             self.tiers.on_finish(seq)
             self.scheduler.finish(seq, free_blocks=not seq.hold_blocks)
             if request_finished(seq):

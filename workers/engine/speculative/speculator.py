@@ -55,7 +55,7 @@ class NoSpeculation:
     def observe(self, batch, starts: list[int], aux, started: float, num_running: int) -> None:
         pass
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence, completed: bool = False) -> None:
         pass
 
     def as_dict(self) -> dict | None:
@@ -88,6 +88,7 @@ class Speculator:
         self._deferred: list[tuple[Sequence, int, object]] = []
         # A sequence's prefill rows, fed with its first decode step: (first position, row blocks).
         self._prompts: dict[Sequence, tuple[int, list]] = {}
+        self._prompt_feed: dict[Sequence, float] = {}  # feeding seconds so far of a prompt fed in chunks
 
     def active(self, num_running: int) -> bool:
         """Whether a step with this many running sequences drafts: small enough to pay."""
@@ -108,7 +109,7 @@ class Speculator:
         token than it accepts, within max_tokens and the context. A constrained sequence's draft
         is cut where its grammar refuses a token or ends, so verification only meets states the
         grammar can reach; a grammar that raises here fails its request (`fail(seq, exc)`)."""
-        self._step = None
+        self._step, self._defer_feed = None, False
         if self._deferred:
             self._feed_entries(self._deferred)
             self._deferred = []
@@ -220,9 +221,10 @@ class Speculator:
             g, choice = self._step, self._step.choice
             # the draft pass, the step and the feeding
             seconds = time.perf_counter() - g.started - prompt_seconds
-            if choice is not None:
+            if choice is not None:  # the choice's seconds carry the prompts' share: so do these
+                measured = seconds + self.costs.prompt_feed_per_token() * g.tokens
                 self.stats.record_gain(
-                    choice.tokens, choice.seconds, g.tokens, seconds, choice.plain_seconds, g.batch_size
+                    choice.tokens, choice.seconds, g.tokens, measured, choice.plain_seconds, g.batch_size
                 )
             if decoding:  # a plain step is counted without its feeding: "no guesses" feeds nothing
                 side, spent = ("drafting", seconds) if g.drafted else ("plain", seconds - fed_seconds + prompt_seconds)
@@ -245,6 +247,8 @@ class Speculator:
         fed with the sequence's first decode step if that step's batch size feeds the head (the
         batch shrank meanwhile), and dropped otherwise, so a request that decodes where drafting
         does not pay costs the head nothing."""
+        for seq in batch.preempted:  # recomputed from its start when it runs again
+            self._prompts.pop(seq, None)
         if aux is None:
             return None
         feeds = self.keeps_states(num_running)
@@ -254,13 +258,15 @@ class Speculator:
             rows = aux[row : row + seq.num_computed_tokens - start]
             row += item.num_tokens
             if seq.is_finished:
-                self.release(seq)
+                self.drafter.release(seq)
+                self._prompts.pop(seq, None)
                 continue
             first, parts = self._prompts.pop(seq, (start, []))
             if parts and first + sum(len(p) for p in parts) != start:  # recomputed after a preemption
                 first, parts = start, []
             if start < seq.num_prompt_tokens and not feeds:  # (part of) its prefill: kept until it decodes
-                self._prompts[seq] = (first, [*parts, rows])
+                # a copy: a view would keep the whole step's states alive
+                self._prompts[seq] = (first, [*parts, rows.clone()])
             elif feeds:
                 entries.append((seq, first, torch.cat([*parts, rows]) if parts else rows))
         if defer:
@@ -281,15 +287,22 @@ class Speculator:
             prompt_rows = min(start + len(aux), seq.num_prompt_tokens) - start
             if prompt_rows > 0:
                 share = seconds * prompt_rows / rows
-                self.costs.record_prompt_feed(share)
                 prompt_seconds += share
+                spent = self._prompt_feed.pop(seq, 0.0) + share
+                if start + len(aux) >= seq.num_prompt_tokens:  # the whole prompt: one sample a request
+                    self.costs.record_prompt_feed(spent)
+                else:  # a chunked prefill: the rest comes in the next steps
+                    self._prompt_feed[seq] = spent
         return seconds, prompt_seconds
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence, completed: bool = False) -> None:
+        """Forget `seq`; `completed`: it ended as asked (not aborted or failed), so its answer's
+        length counts in the prompt share (cost_model's prompt_feed_per_token)."""
         self.drafter.release(seq)
         self.acceptance.pop(seq, None)
         self._prompts.pop(seq, None)
-        if self.feeds_states and seq.num_output_tokens:
+        self._prompt_feed.pop(seq, None)
+        if completed and self.feeds_states:
             self.costs.record_answer(seq.num_output_tokens)
 
     def as_dict(self) -> dict:
