@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from workers.bench.autoscale import Sent as Chat
 from workers.bench.processes import percentile
-from workers.bench.spec_stack import Chat, summary
+from workers.bench.spec_stack import summary
 
 
 def test_a_summary_counts_what_completed_and_spreads_each_request_s_tokens_over_its_stream():

@@ -80,6 +80,12 @@ async def send(http: httpx.AsyncClient, stack: Stack, i: int, slug: str = SLUG, 
     rec = Sent(start=time.monotonic(), expected=max_tokens)
     body = {"model": slug, "messages": [{"role": "user", "content": f"{i}: {PROMPT}"}], "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    return await stream_chat(http, stack, body, rec, key)
+
+
+async def stream_chat(http: httpx.AsyncClient, stack: Stack, body: dict, rec: Sent, key: str | None = None) -> Sent:
+    """POST `body` (a streamed chat completion, usage included) and time its answer into `rec`:
+    the first and last token (content or tool-call text), the tokens, an error."""
     try:
         async with http.stream("POST", f"{stack.base}/v1/chat/completions", json=body,
                                headers={"Authorization": f"Bearer {key or stack.key}"}) as response:  # fmt: skip
@@ -94,7 +100,8 @@ async def send(http: httpx.AsyncClient, stack: Stack, i: int, slug: str = SLUG, 
                     rec.error = str(chunk["error"])[:200]
                 if chunk.get("usage"):
                     rec.tokens = chunk["usage"]["completion_tokens"]
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                deltas = [c.get("delta") or {} for c in chunk.get("choices") or []]
+                if any(d.get("content") or d.get("tool_calls") for d in deltas):
                     now = time.monotonic()
                     rec.first = rec.first or now
                     rec.last = now

@@ -18,11 +18,10 @@ import asyncio
 import itertools
 import json
 import time
-from dataclasses import dataclass, field
 
 import httpx
 
-from workers.bench.autoscale import api, log, settle
+from workers.bench.autoscale import Sent, api, log, settle, stream_chat
 from workers.bench.chaos import Stack
 from workers.bench.processes import environ, percentile
 
@@ -34,64 +33,31 @@ DEPLOYMENTS = {
 }
 
 
-@dataclass
-class Chat:
-    start: float
-    first: float | None = None
-    last: float | None = None
-    tokens: int = 0
-    error: str | None = None
-    ended: float = field(default=0.0)
-
-
-async def chat(http: httpx.AsyncClient, stack: Stack, slug: str, messages: list[dict], tools: list | None) -> Chat:
-    """One streamed chat; the times of its first and last token (content or tool-call text)."""
-    rec = Chat(start=time.monotonic())
+async def chat(http: httpx.AsyncClient, stack: Stack, slug: str, messages: list[dict], tools: list | None) -> Sent:
+    """One streamed greedy chat, timed (autoscale.stream_chat)."""
     body = {"model": slug, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, **({"tools": tools} if tools else {})}  # fmt: skip
-    try:
-        async with http.stream("POST", f"{stack.base}/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {stack.key}"}) as response:  # fmt: skip
-            if response.status_code != 200:
-                rec.error = f"{response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
-                return rec
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    rec.error = str(chunk["error"])[:200]
-                if chunk.get("usage"):
-                    rec.tokens = chunk["usage"]["completion_tokens"]
-                if any(c.get("delta", {}).get("content") or c.get("delta", {}).get("tool_calls")
-                       for c in chunk.get("choices") or []):  # fmt: skip
-                    now = time.monotonic()
-                    rec.first = rec.first or now
-                    rec.last = now
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
-    rec.ended = time.monotonic()
-    return rec
+    return await stream_chat(http, stack, body, Sent(start=time.monotonic(), expected=MAX_TOKENS))
 
 
-async def load(http, stack: Stack, slug: str, chats: list, seconds: float) -> list[Chat]:
+async def load(http, stack: Stack, slug: str, chats: list, seconds: float) -> list[Sent]:
     """CLIENTS closed loops for `seconds`; the chats that ended inside that time."""
     deadline = time.monotonic() + seconds
     turns = itertools.cycle(chats)
-    done: list[Chat] = []
+    done: list[Sent] = []
 
     async def client() -> None:
         while time.monotonic() < deadline:
             messages, tools = next(turns)
             rec = await chat(http, stack, slug, messages, tools)
-            if rec.ended <= deadline:
+            if time.monotonic() <= deadline:
                 done.append(rec)
 
     await asyncio.gather(*(client() for _ in range(CLIENTS)))
     return done
 
 
-def summary(chats: list[Chat], seconds: float) -> dict:
+def summary(chats: list[Sent], seconds: float) -> dict:
     ok = [c for c in chats if c.error is None and c.first is not None]
     itls = [(c.last - c.first) / (c.tokens - 1) * 1000 for c in ok if c.tokens > 1 and c.last > c.first]
     return {
