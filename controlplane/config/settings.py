@@ -178,7 +178,7 @@ CELERY_BEAT_SCHEDULE = {
     "check-nodes": {"task": "inventory.check_nodes", "schedule": env.float("NODE_CHECK_INTERVAL", default=5.0)},
     "telemetry": {"task": "telemetry.sample", "schedule": env.float("TELEMETRY_INTERVAL", default=1.0)},
     "autoscale": {"task": "autoscaling.tick", "schedule": env.float("AUTOSCALE_INTERVAL", default=15.0)},
-    "usage": {"task": "usage.flush", "schedule": 10.0},
+    "usage": {"task": "usage.flush", "schedule": env.float("USAGE_FLUSH_INTERVAL", default=10.0)},
     "batches": {"task": "batches.dispatch", "schedule": env.float("BATCH_DISPATCH_INTERVAL", default=2.0)},
 }
 

@@ -112,7 +112,11 @@ def apply_node_report(report: NodeReport) -> dict:
             fields = {"last_heartbeat": now, **_status_fields(seen.status)}
             if seen.log_tail is not None:
                 fields["log_tail"] = seen.log_tail
-            Replica.objects.filter(pk=rid).update(**fields)
+            # Not over what a newer event wrote (a stopped event's last log lines, applied by
+            # another control worker thread since `live` was read): the report is older.
+            Replica.objects.filter(pk=rid, state__in=Replica.LIVE_STATES, last_event_ns__lt=report.at_ns).update(
+                **fields
+            )
         elif r.state == State.PENDING:
             if now - r.created_at > RESEND_START_AFTER and _resend_due(rid):
                 with transaction.atomic():

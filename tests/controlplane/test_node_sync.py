@@ -151,6 +151,24 @@ def test_node_report_mirrors_load_and_log_of_the_replicas_it_runs(replica):
     assert r.load == {"running": 3} and r.log_tail == "line 1" and r.state == "ready"
 
 
+def test_a_report_older_than_the_replicas_last_event_does_not_overwrite_what_it_wrote(replica):
+    """A node report and a replica event are applied by two control worker threads: the report,
+    made before the event, must not put back the log tail and load the event replaced."""
+    report = NodeReport(
+        node="node-a",
+        replicas=[ReplicaReport(replica.pk, "ready", pid=41, status={"load": {"running": 3}}, log_tail="starting")],
+    )
+    apply_replica_event(event(replica, "ready", pid=41, status={"load": {"running": 0}}))
+    Replica.objects.filter(pk=replica.pk).update(state="draining")  # stopping: still live
+    apply_replica_event(event(replica, "exited", error="drained", log_tail="starting\ndrained and stopped"))
+    apply_node_report(report)
+    r = Replica.objects.get()
+    assert r.log_tail == "starting\ndrained and stopped" and r.load == {"running": 0}
+    newer = NodeReport(node="node-a", replicas=[ReplicaReport(replica.pk, "draining", pid=41, log_tail="later")])
+    apply_node_report(newer)
+    assert Replica.objects.get().log_tail == "later"  # a report made after the event applies
+
+
 def test_a_replica_the_agent_no_longer_runs_is_stopped_not_failed(replica, broker, django_capture_on_commit_callbacks):
     apply_replica_event(event(replica, "ready", pid=41))
     stale = NodeReport(node="node-a", at_ns=time.time_ns() - 10**9, replicas=[])  # made before the event

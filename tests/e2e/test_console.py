@@ -38,7 +38,7 @@ def site(django_db_setup, django_db_blocker, tmp_path_factory):
     assert Path(CHROMIUM).is_file(), "install Debian's chromium: make setup"
     state = tmp_path_factory.mktemp("console")
     node, port = f"ui-{uuid.uuid4().hex[:6]}", free_port()
-    env = stack_env(state, REPLICA_CPU_THREADS="1", TELEMETRY_INTERVAL="1")
+    env = stack_env(state, REPLICA_CPU_THREADS="1", TELEMETRY_INTERVAL="1", USAGE_FLUSH_INTERVAL="1")
     with committed(django_db_blocker):
         get_user_model().objects.create_user("operator", password="pw-operator-1", is_staff=True)
         model = demo_model()
@@ -320,7 +320,7 @@ def test_the_usage_page_counts_the_playgrounds_requests_and_exports_csv(page):
     expect(page.get_by_role("log").locator(".stats")).to_contain_text("done", timeout=30_000)
     page.get_by_role("link", name="Usage", exact=True).click()
     row = page.locator('tr[data-usage="operator"]')
-    for _ in range(30):  # the beat flushes the gateway's counts every 10 s: look again until they are in
+    for _ in range(30):  # the beat flushes the gateway's counts every second here: look again until they are in
         if row.count():
             break
         page.wait_for_timeout(1000)

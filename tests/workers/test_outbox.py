@@ -28,7 +28,9 @@ def _queued(client: redis.Redis) -> list[tuple[str, dict]]:
 
 def test_messages_sent_during_a_broker_outage_arrive_in_order_when_it_returns():
     port = free_port()
-    app = Celery("outbox-test", broker=f"redis://127.0.0.1:{port}/0")
+    # Not the current app: the control plane's tasks, sent by later tests in this process,
+    # would otherwise go to this test's broker, stopped by then.
+    app = Celery("outbox-test", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
     app.conf.broker_connection_timeout = 1
     outbox = Outbox(app, report_expires=60)
     outbox.thread.start()
