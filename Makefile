@@ -64,13 +64,17 @@ check: setup
 
 # Every pytest run starts its own PostgreSQL and Redis on free ports (make run defaults to
 # SQLite); TEST_DATABASE_URL / TEST_REDIS_URL, given here or in the environment, use yours instead.
+# TEST_WORKERS pytest workers (pytest-xdist), each with its own PostgreSQL and Redis; a module's
+# tests stay on one worker (a stack it starts is started once), the long modules first.
+TEST_WORKERS ?= 2
+WORKERS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 test: setup lint check
 	cd frontend && npm test --silent
-	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest $(WORKERS) --durations=40 $(PYTEST_ARGS)
 
 # The fast lane: no test that starts processes, none that computes for seconds (tests/support/lanes.py).
 unit: $(STAMP) apt
-	$(PY) -m pytest -m "not processes and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(WORKERS) -m "not processes and not slow" $(PYTEST_ARGS)
 
 bench-engine: setup
 	$(PY) -m workers.bench engine

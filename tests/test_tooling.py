@@ -35,3 +35,25 @@ def test_readme_examples_use_the_printed_url_not_a_fixed_port():
     who set PORT."""
     for doc in (ROOT / "README.md", ROOT / "frontend" / "README.md", ROOT / "frontend" / "vite.config.ts"):
         assert not re.search(r"(127\.0\.0\.1|localhost):8000", doc.read_text()), doc
+
+
+def test_make_test_and_make_unit_run_two_workers_unless_told_otherwise():
+    def plan(target: str, *args: str) -> str:
+        run = subprocess.run(["make", "-n", target, *args], cwd=ROOT, capture_output=True, text=True, check=True)
+        return next(line for line in run.stdout.splitlines() if "-m pytest" in line)
+
+    for target in ("test", "unit"):
+        assert "-n 2 --dist loadscope" in plan(target)
+        assert "-n 4 --dist loadscope" in plan(target, "TEST_WORKERS=4")
+        assert " -n " not in plan(target, "TEST_WORKERS=1")
+
+
+def test_a_pytest_worker_computes_on_one_thread():
+    """Two workers on two cores, each with torch's default of a thread per core, spin against
+    each other (tests/conftest.py); one process alone keeps torch's default."""
+    import pytest
+    import torch
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("one pytest process (TEST_WORKERS=1): torch keeps its default")
+    assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1

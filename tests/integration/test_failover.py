@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -112,7 +113,8 @@ async def sse(client: httpx.AsyncClient, kind: str, body: dict, progress: list, 
         async for line in r.aiter_lines():
             if line.startswith("data: "):
                 lines.append(line)
-                if '"content": "' in line or '"text": "' in line:
+                # A piece of text, not the opening chunk's empty content (the role's).
+                if re.search(r'"(content|text)": "[^"]', line):
                     progress[i] += 1
     return {**_parse(kind, lines), "replica": replica}
 

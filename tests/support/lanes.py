@@ -153,7 +153,7 @@ def mark(items: list[pytest.Item], tests_root: Path) -> None:
 def heavy_first(items: list[pytest.Item]) -> None:
     """Reorder `items` in place, whole modules at a time: modules with a test that starts
     processes, then those with a slow one, then the rest, each group in collection order. Under
-    `pytest -n` (an option: README) the workers take modules in this order, so the long ones start first
+    `pytest -n` (as `make test` runs) the workers take modules in this order, so the long ones start first
     and the short ones fill in at the end, instead of a last stack running alone."""
 
     def weight(item: pytest.Item) -> int:
