@@ -151,8 +151,10 @@ def ensure_demo(user, draft_dir=None, defaults: int = 0) -> list[str]:
         notes.append(speculation_note(draft))
         if demo.desired_state == "running":
             deployments.restart(demo, actor=user)  # replicas still running roll onto it
-    if demo.desired_state != "running":
-        deployments.start(demo, actor=user)
+    if demo.failed_at is not None:  # an earlier run's replicas kept failing: this run tries again
+        notes.append(f"the demo deployment had given up in an earlier run ({demo.failed_reason}); trying again")
+    if demo.desired_state != "running" or demo.failed_at is not None:
+        deployments.start(demo, actor=user)  # a fresh failure budget
     return notes
 
 

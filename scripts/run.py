@@ -359,6 +359,14 @@ def demo_ready(url: str, token: str) -> bool:
     return status == 200 and isinstance(body, dict) and bool(body.get("results"))
 
 
+def demo_gave_up(url: str, token: str) -> str:
+    """Why the demo deployment stopped starting replicas (its failure budget spent), or ""."""
+    status, body = http(f"{url}api/v1/deployments/demo/", token)
+    if status != 200 or not isinstance(body, dict):
+        return ""
+    return body.get("failed_reason") or ""
+
+
 def replica_summary(url: str, token: str, logs_dir: Path) -> str:
     status, body = http(f"{url}api/v1/replicas/?deployment__slug=demo", token)
     if status != 200 or not isinstance(body, dict):
@@ -529,13 +537,14 @@ def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> in
         print_running(url, user, password, api_key, run_file, logs_dir, instructions(url, api_key, model.name))
         return forever(sup)
     log("waiting for the demo replica to answer a chat completion")
-    attempt = {"last": "", "next_report": time.monotonic() + 30}
+    attempt = {"last": "", "next_report": time.monotonic() + 30, "gave_up": ""}
     probe = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
 
     def answers():
         if not demo_ready(url, creds["token"]):  # asked first: each 503 would be an error line in web.log
             attempt["last"] = "no demo replica is ready yet"
-            return report_now()
+            attempt["gave_up"] = demo_gave_up(url, creds["token"])
+            return bool(attempt["gave_up"]) or report_now()  # no replica will come: say so now
         status, body = http(f"{url}v1/chat/completions", api_key, probe, timeout=30)
         if status == 200 and isinstance(body, dict) and body.get("choices"):
             return True
@@ -549,7 +558,13 @@ def run(sup: Supervisor, started: datetime, model: OwnModel | None = None) -> in
             log(f"still waiting ({attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}")
         return False
 
-    if not wait(answers, serve_timeout, sup, interval=1):
+    done = wait(answers, serve_timeout, sup, interval=1)
+    if done and attempt["gave_up"]:
+        return failed(
+            f"the demo deployment gave up starting replicas: {attempt['gave_up']}; "
+            f"{replica_summary(url, creds['token'], logs_dir)}"
+        )
+    if not done:
         return failed(
             f"the demo deployment did not answer a chat completion within {serve_timeout:g} s (last answer "
             f"{attempt['last']}); {replica_summary(url, creds['token'], logs_dir)}"

@@ -175,3 +175,24 @@ def test_speculation_the_operator_chose_for_the_demo_is_left_alone(tmp_path):
     update_deployment(Deployment.objects.get(slug="demo"), {"speculative_method": "none", "speculative_k": 2})
     assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == []
     assert Deployment.objects.get(slug="demo").speculative_method == "none"
+
+
+def test_a_demo_an_earlier_run_gave_up_on_is_tried_again(tmp_path):
+    """A run whose replicas kept failing spends the demo's failure budget; the next run (the
+    operator fixed what failed) starts it afresh instead of waiting for replicas never placed."""
+    from django.utils import timezone
+
+    from controlplane.deployments.models import Deployment
+    from scripts.bootstrap import ensure_demo
+
+    user, _, _ = ensure_admin(None)
+    ensure_demo(user, draft_dir=tmp_path / "no-draft")
+    reason = "3 replicas of generation 1 failed (the failure budget is 3)"
+    Deployment.objects.filter(slug="demo").update(failed_at=timezone.now(), failed_reason=reason)
+    assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == [
+        f"the demo deployment had given up in an earlier run ({reason}); trying again"
+    ]
+    demo = Deployment.objects.get(slug="demo")
+    assert (demo.failed_at, demo.failed_reason, demo.desired_state) == (None, "", "running")
+    assert demo.failure_budget_reset_at is not None
+    assert ensure_demo(user, draft_dir=tmp_path / "no-draft") == []  # nothing to say the next time

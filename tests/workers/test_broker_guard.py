@@ -47,12 +47,29 @@ def test_closing_a_channel_after_the_transport_let_go_does_not_crash(delivered):
     channel.qos.restore_unacked_once()  # what Celery's close calls: no exception now
 
 
+def test_a_task_finishing_after_its_channel_closed_is_not_a_crash(delivered):
+    """The task that ran while Redis died ends after Celery closed its channel: its late
+    acknowledgement went to a channel with no connection and raised, and the worker exited."""
+    server, conn, message = delivered
+    server.kill()
+    conn.transport.client = None  # as above: the state the race leaves
+    message.channel._pool = None
+    broker.survive_broker_loss_with_tasks_in_flight()
+    message.channel.close()  # as Celery's consumer does on the lost connection
+    assert message.channel.connection is None
+    with pytest.raises(AttributeError, match="client"):  # kombu's own acknowledgement crashes here
+        broker._original_ack(message.channel.qos, message.delivery_tag)
+    message.ack()  # the guard: no exception
+    assert message.acknowledged
+
+
 def test_the_control_worker_and_the_agent_install_the_guard():
     """In a fresh interpreter, as a control worker starts: its Celery app installs the guard.
     The agent builds its app inside main(), which starts a worker; its call is checked in place."""
     check = (
         "import controlplane.config.celery_app; from kombu.transport import redis; "
-        "from workers.protocol import broker; assert redis.QoS.restore_unacked is broker._restore_unacked"
+        "from workers.protocol import broker; assert redis.QoS.restore_unacked is broker._restore_unacked; "
+        "assert redis.QoS.ack is broker._ack and redis.QoS.reject is broker._reject"
     )
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -11,6 +11,13 @@ control worker stayed down after a Redis restart; cf. celery/kombu#970, #582).
 Skipping that one restore loses nothing: the messages are still in the broker's unacked hash,
 and kombu's visibility timeout puts them back on their queue (a Redis that restarted empty has
 none to put back).
+
+The task that was running then finishes on a channel already closed, and its acknowledgement
+(`task_acks_late`) fails the same way (`'NoneType' object has no attribute 'client'`), again
+unrecoverable: the control worker exited after a Redis restart (test_faults.py, once in a run of
+the suite on two workers). That acknowledgement is dropped too: the message, if Redis still has
+it, comes back after the visibility timeout and runs again, which the control tasks allow (a
+replica event or node report older than one applied is ignored).
 """
 
 from __future__ import annotations
@@ -18,14 +25,22 @@ from __future__ import annotations
 import logging
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 log = logging.getLogger(__name__)
 
 _original_restore_unacked = kombu_redis.QoS.restore_unacked
+_original_ack = kombu_redis.QoS.ack
+_original_reject = kombu_redis.QoS.reject
+
+
+def _released(qos) -> bool:
+    """The channel's connection is gone (closed) or has let go of its client."""
+    return getattr(qos.channel.connection, "client", None) is None
 
 
 def _restore_unacked(self, client=None):
-    if client is None and getattr(self.channel.connection, "client", None) is None:
+    if client is None and _released(self):
         log.warning(
             "broker connection already released: %d unacknowledged message(s) stay in Redis "
             "for the visibility timeout to restore",
@@ -35,6 +50,28 @@ def _restore_unacked(self, client=None):
     return _original_restore_unacked(self, client)
 
 
+def _ack(self, delivery_tag):
+    if _released(self):
+        log.warning(
+            "broker connection already released: message %s is not acknowledged; it stays in Redis "
+            "for the visibility timeout to restore",
+            delivery_tag,
+        )
+        virtual.QoS.ack(self, delivery_tag)  # this channel's own books
+        return
+    _original_ack(self, delivery_tag)
+
+
+def _reject(self, delivery_tag, requeue=False):
+    if _released(self):
+        log.warning("broker connection already released: message %s is left to the visibility timeout", delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+        return
+    _original_reject(self, delivery_tag, requeue)
+
+
 def survive_broker_loss_with_tasks_in_flight() -> None:
-    """Install the guard above (idempotent); call it before a Celery worker starts."""
+    """Install the guards above (idempotent); call it before a Celery worker starts."""
     kombu_redis.QoS.restore_unacked = _restore_unacked
+    kombu_redis.QoS.ack = _ack
+    kombu_redis.QoS.reject = _reject
