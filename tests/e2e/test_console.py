@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connections
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect, sync_playwright
 
 from tests.support.stack import ROOT, committed, demo_model, processes, stack_env, wait_online, wait_ready
@@ -320,11 +321,15 @@ def test_the_usage_page_counts_the_playgrounds_requests_and_exports_csv(page):
     expect(page.get_by_role("log").locator(".stats")).to_contain_text("done", timeout=30_000)
     page.get_by_role("link", name="Usage", exact=True).click()
     row = page.locator('tr[data-usage="operator"]')
-    for _ in range(30):  # the beat flushes the gateway's counts every second here: look again until they are in
-        if row.count():
+    # The beat flushes the gateway's counts every second here: look again until they are in. The
+    # row is waited for, not counted at once: right after a reload the page has not fetched yet
+    # (counting there missed every time, and the loop ran its 30 s out).
+    for _ in range(30):
+        try:
+            row.wait_for(state="attached", timeout=1000)
             break
-        page.wait_for_timeout(1000)
-        page.reload()
+        except PlaywrightTimeoutError:
+            page.reload()
     expect(row.locator(".requests")).to_have_text(re.compile(r"^[1-9]\d*$"))
     expect(page.get_by_role("img", name="Tokens per hour").locator(".hour")).not_to_have_count(0)
     with page.expect_download() as download:
