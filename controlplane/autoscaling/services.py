@@ -36,17 +36,25 @@ DEFAULT_PROMPT_TOKENS, DEFAULT_OUTPUT_TOKENS = 512.0, 128.0
 
 
 def settings_of(auto: Autoscaling) -> Settings:
-    return Settings(min_replicas=auto.min_replicas, max_replicas=auto.max_replicas, ttft_p90_ms=auto.ttft_p90_ms,
-                    itl_p90_ms=auto.itl_p90_ms, cooldown_seconds=auto.scale_down_cooldown_seconds,
-                    tolerance=auto.tolerance)  # fmt: skip
+    return Settings(
+        min_replicas=auto.min_replicas,
+        max_replicas=auto.max_replicas,
+        ttft_p90_ms=auto.ttft_p90_ms,
+        itl_p90_ms=auto.itl_p90_ms,
+        cooldown_seconds=auto.scale_down_cooldown_seconds,
+        tolerance=auto.tolerance,
+    )
 
 
 def validate(auto: Autoscaling) -> None:
     """DomainError (a 400) for settings the autoscaler cannot act on."""
     dep = auto.deployment
     if auto.enabled and dep.mode != Deployment.Mode.COLOCATED:
-        raise DomainError("autoscaling a disaggregated deployment's prefill and decode pools is not built yet; "
-                          "it scales colocated deployments", "enabled")  # fmt: skip
+        raise DomainError(
+            "autoscaling a disaggregated deployment's prefill and decode pools is not built yet; "
+            "it scales colocated deployments",
+            "enabled",
+        )
     if auto.min_replicas > auto.max_replicas:
         raise DomainError(f"min_replicas {auto.min_replicas} is above max_replicas {auto.max_replicas}", "min_replicas")
     if auto.capacity_profile and auto.capacity_profile not in shipped_profiles():

@@ -236,8 +236,13 @@ class Dispatcher:
             ended = inspector.interactive_ttfts(self.redis, deployment.slug, gate.seen_until)
             gate.adjust(now, ended, slo)
             if gate.fill < before:
-                log.info("batch lines on %s: fill %.2f -> %.2f, interactive TTFT p90 over its SLO (%g ms)",
-                         deployment.slug, before, gate.fill, slo)  # fmt: skip
+                log.info(
+                    "batch lines on %s: fill %.2f -> %.2f, interactive TTFT p90 over its SLO (%g ms)",
+                    deployment.slug,
+                    before,
+                    gate.fill,
+                    slo,
+                )
         return gate.fill
 
 

@@ -68,8 +68,11 @@ def check_lines(chunks: Iterator[bytes]) -> tuple[list[str], int]:
     if not lines:
         raise bad("The file has no lines: a batch file holds one JSON request per line.", "file", "invalid_file_format")
     if len(lines) > settings.BATCH_MAX_LINES:
-        raise bad(f"The file has {len(lines)} lines; a batch holds at most {settings.BATCH_MAX_LINES}.", "file",
-                  "invalid_file_format")  # fmt: skip
+        raise bad(
+            f"The file has {len(lines)} lines; a batch holds at most {settings.BATCH_MAX_LINES}.",
+            "file",
+            "invalid_file_format",
+        )
     for number, line in enumerate(lines, 1):
         try:
             ok = isinstance(json.loads(line), dict)
@@ -156,12 +159,16 @@ def create_batch(caller, body: dict, validate) -> Batch:
 
     refuse_unknown(body, {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}, {})
     if body.get("output_expires_after") is not None:
-        raise bad("'output_expires_after' is not supported yet: output files are kept until deleted.",
-                  "output_expires_after", "unsupported")  # fmt: skip
+        raise bad(
+            "'output_expires_after' is not supported yet: output files are kept until deleted.",
+            "output_expires_after",
+            "unsupported",
+        )
     file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window")
     if not isinstance(file_id, str) or not file_id:
-        raise bad("'input_file_id' is required: the id of a file uploaded with purpose 'batch'.", "input_file_id",
-                  "missing")  # fmt: skip
+        raise bad(
+            "'input_file_id' is required: the id of a file uploaded with purpose 'batch'.", "input_file_id", "missing"
+        )
     if endpoint not in ENDPOINTS:
         raise bad(f"'endpoint' must be one of {', '.join(ENDPOINTS)}.", "endpoint")
     if window not in COMPLETION_WINDOWS:
@@ -236,12 +243,17 @@ def cancel_batch(b: Batch) -> Batch:
 
 
 # -- lines' results (the dispatcher's) -------------------------------------------------------------
-def line_result(line: BatchLine, status: int | None, body: dict | None, request_id: str | None,
-                error: dict | None = None) -> dict:  # fmt: skip
+def line_result(
+    line: BatchLine, status: int | None, body: dict | None, request_id: str | None, error: dict | None = None
+) -> dict:
     """An output file line, OpenAI's shape."""
     response = None if status is None else {"status_code": status, "request_id": request_id or "", "body": body}
-    return {"id": f"batch_req_{line.batch_id.removeprefix('batch_')}_{line.index}", "custom_id": line.custom_id,
-            "response": response, "error": error}  # fmt: skip
+    return {
+        "id": f"batch_req_{line.batch_id.removeprefix('batch_')}_{line.index}",
+        "custom_id": line.custom_id,
+        "response": response,
+        "error": error,
+    }
 
 
 def write_result(line: BatchLine, token: str, attempt: int, ok: bool, result: dict) -> bool:
@@ -275,8 +287,9 @@ def finalize(batch: Batch, final: str) -> None:
     """Name the output and error files (rendered from the lines) and end the batch as `final`."""
     now = timezone.now()
     if final == Batch.Status.COMPLETED:  # every line answered: finalizing while the files are named
-        Batch.objects.filter(pk=batch.pk, finalizing_at__isnull=True).update(status=Batch.Status.FINALIZING,
-                                                                             finalizing_at=now)  # fmt: skip
+        Batch.objects.filter(pk=batch.pk, finalizing_at__isnull=True).update(
+            status=Batch.Status.FINALIZING, finalizing_at=now
+        )
     batch.refresh_from_db()
     with transaction.atomic():  # the files and the end together: a dispatcher that dies here leaves neither
         batch = Batch.objects.select_for_update().get(pk=batch.pk)  # two finalizers: the second sees the end
@@ -284,8 +297,9 @@ def finalize(batch: Batch, final: str) -> None:
             return
         _name_files(batch, final, now)
     batch.refresh_from_db()
-    record_event(f"batch.{final}", batch, data={"total": batch.total, "completed": batch.completed,
-                                                "failed": batch.failed})  # fmt: skip
+    record_event(
+        f"batch.{final}", batch, data={"total": batch.total, "completed": batch.completed, "failed": batch.failed}
+    )
 
 
 def _name_files(batch: Batch, final: str, now) -> None:

@@ -80,8 +80,9 @@ def validate(lines: list[str], endpoint: str, caller: generation.Caller) -> list
         try:
             generation.resolve(model, caller)
         except GatewayError as exc:
-            errors.append({"code": exc.code or "invalid_model", "message": exc.message, "param": "body.model",
-                           "line": line})  # fmt: skip
+            errors.append(
+                {"code": exc.code or "invalid_model", "message": exc.message, "param": "body.model", "line": line}
+            )
     if errors:
         raise BatchInvalid(errors)
     return bodies

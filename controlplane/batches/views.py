@@ -37,8 +37,13 @@ def _page(request, rows, shape, default: int) -> dict:
         rows = rows.exclude(created_at=anchor.created_at, pk__gt=anchor.pk)
     items = list(rows[: int(raw) + 1])
     data = [shape(item) for item in items[: int(raw)]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > int(raw)}  # fmt: skip
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(items) > int(raw),
+    }
 
 
 # -- files -----------------------------------------------------------------------------------------

@@ -100,5 +100,8 @@ def _too_deep() -> BodyError:
 def _not_finite(path: tuple) -> BodyError:
     name = path_name(path) or None
     where = f"'{name}'" if name else "The request body"
-    return BodyError(f"{where} must be a finite number: NaN, Infinity and numbers beyond a double are not JSON.",
-                     code="invalid_value", param=name)  # fmt: skip
+    return BodyError(
+        f"{where} must be a finite number: NaN, Infinity and numbers beyond a double are not JSON.",
+        code="invalid_value",
+        param=name,
+    )

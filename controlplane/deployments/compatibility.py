@@ -303,10 +303,17 @@ def check_cache_policy(policy: CachePolicy) -> None:
     for dep in policy.deployments.select_related("model").order_by("slug"):
         if dep.engine == Deployment.Engine.SIM and kv_tiers_spec(policy) is not None:
             field = next((name for name in TIER_FIELDS if getattr(policy, name)), "prefix_caching")
-            raise DomainError(f"deployment {dep.slug!r} uses this cache policy and runs the simulated engine, "
-                              "which does not simulate KV tiers yet", field)  # fmt: skip
-        data = {"tensor_parallel": dep.tensor_parallel, "pipeline_parallel": dep.pipeline_parallel,
-                "model": dep.model, "cache_policy": policy}  # fmt: skip
+            raise DomainError(
+                f"deployment {dep.slug!r} uses this cache policy and runs the simulated engine, "
+                "which does not simulate KV tiers yet",
+                field,
+            )
+        data = {
+            "tensor_parallel": dep.tensor_parallel,
+            "pipeline_parallel": dep.pipeline_parallel,
+            "model": dep.model,
+            "cache_policy": policy,
+        }
         found = refusal(data, {"cache_policy"})
         if found is not None:
             field = next((name for name in TIER_FIELDS if getattr(policy, name)), "prefix_caching")

@@ -49,8 +49,11 @@ def placement_problem(dep: Deployment) -> str:
     rooms = []
     for node in nodes:
         healthy = node.devices.filter(health=Device.Health.HEALTHY).count()
-        rooms.append(f"{node.name}: {len(free_devices(node))} of {healthy} healthy devices free" if healthy
-                     else f"{node.name}: no healthy device")  # fmt: skip
+        rooms.append(
+            f"{node.name}: {len(free_devices(node))} of {healthy} healthy devices free"
+            if healthy
+            else f"{node.name}: no healthy device"
+        )
     return f"no online node has room for a replica ({need} device{'s' if need > 1 else ''}): " + "; ".join(rooms)
 
 

@@ -54,8 +54,12 @@ def profile_fields(deployment: Deployment) -> dict | None:
     try:
         return load_profile(deployment.sim_profile or DEFAULT_PROFILE).to_dict()
     except ProfileError:  # a profile removed since the deployment was saved: the default one
-        log.warning("deployment %s: no simulation profile %r; using %s", deployment.slug, deployment.sim_profile,
-                    DEFAULT_PROFILE)  # fmt: skip
+        log.warning(
+            "deployment %s: no simulation profile %r; using %s",
+            deployment.slug,
+            deployment.sim_profile,
+            DEFAULT_PROFILE,
+        )
         return load_profile(DEFAULT_PROFILE).to_dict()
 
 
@@ -77,8 +81,11 @@ def kv_tiers_spec(policy: CachePolicy | None) -> KVTiersSpec | None:
         return None
     master = settings.SWITCHYARD["KV_STORE_MASTER"] if policy.store_tier else ""
     if policy.store_tier and not master:  # the setting went away after the policy was saved
-        log.warning("cache policy %s asks for the KV store, but SWITCHYARD_KV_STORE_MASTER is not set: "
-                    "its replicas start without it", policy.name)  # fmt: skip
+        log.warning(
+            "cache policy %s asks for the KV store, but SWITCHYARD_KV_STORE_MASTER is not set: "
+            "its replicas start without it",
+            policy.name,
+        )
     spec = KVTiersSpec(
         dram_bytes=policy.dram_tier_bytes,
         disk_path=policy.disk_tier_path if policy.disk_tier_bytes else "",

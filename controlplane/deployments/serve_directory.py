@@ -258,8 +258,12 @@ def wait_ready(dep: Deployment, timeout: float, say: Callable[[str], None], ever
 
 
 def _post(url: str, api_key: str, body: dict, timeout: float) -> tuple[int, object]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.loads(r.read())

@@ -21,8 +21,9 @@ def check(data: dict) -> None:
     profile = data.get("sim_profile") or ""
     if engine != Deployment.Engine.SIM:
         if profile:
-            raise DomainError("sim_profile is read by the simulated engine only: set engine 'sim', or clear it",
-                              "sim_profile")  # fmt: skip
+            raise DomainError(
+                "sim_profile is read by the simulated engine only: set engine 'sim', or clear it", "sim_profile"
+            )
         return
     if profile and profile not in shipped_profiles():
         raise DomainError(f"no simulation profile {profile!r}: one of {shipped_profiles()}", "sim_profile")

@@ -93,8 +93,12 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
             body = {k: v for k, v in content.items() if k not in ("id", "type", "stream", "session")}
             req = parse_chat(body)
             if req.params.n > 1:  # one answer per socket request: its events carry no choice index
-                raise GatewayError(400, "'n' > 1 is not built yet on the console websocket; use /v1/chat/completions.",
-                                   "n", "unsupported")  # fmt: skip
+                raise GatewayError(
+                    400,
+                    "'n' > 1 is not built yet on the console websocket; use /v1/chat/completions.",
+                    "n",
+                    "unsupported",
+                )
             session = session_key(content.get("session"), "session")  # as prompt_cache_key
             gen = await generation.start(req, self.caller, session=session)
             await self.send_json({"type": "start", "id": rid, "request_id": gen.request_id,
@@ -109,8 +113,13 @@ class GenerateConsumer(AsyncJsonWebsocketConsumer):
                         await self.send_json({"type": "token", "id": rid, "text": piece})
                 if event.final:
                     reason = finish_reason(event.finish_reason, bool(shaper.calls))
-                    done = {"type": "done", "id": rid, "finish_reason": reason, "usage": event.usage,
-                            "timings": {**gen.timings(), "replica": event.timings}}  # fmt: skip
+                    done = {
+                        "type": "done",
+                        "id": rid,
+                        "finish_reason": reason,
+                        "usage": event.usage,
+                        "timings": {**gen.timings(), "replica": event.timings},
+                    }
                     if gen.resumed:  # it moved to another replica mid-request (see failover.py)
                         done["resumed"] = gen.resumed
                     await self.send_json(done)

@@ -90,8 +90,9 @@ def caller_for_secret(secret: str | None) -> Caller:
     if batch_id is not None:
         return Caller(key, allowed, f"batch:{batch_id}", key.owner.get_username(), key.weight, batch=batch_id,
                       user_id=key.owner_id)  # fmt: skip
-    return Caller(key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight, key.min_priority,
-                  user_id=key.owner_id)  # fmt: skip
+    return Caller(
+        key, allowed, f"key:{key.prefix}", key.owner.get_username(), key.weight, key.min_priority, user_id=key.owner_id
+    )
 
 
 def _batch_key(batch_id: str) -> ApiKey | None:
@@ -245,10 +246,15 @@ class Generation:
         try:
             candidates = await _candidate_ids(self.deployment.pk)
             route, stream, first = await _place(
-                old.hub, self.deployment, candidates, progress.message(self.message),
-                lambda: f"{self.request_id}-r{move}.{next(attempts)}", exclude=frozenset(progress.failed_replicas),
-                losses=self.losses, after_tokens=after,
-            )  # fmt: skip
+                old.hub,
+                self.deployment,
+                candidates,
+                progress.message(self.message),
+                lambda: f"{self.request_id}-r{move}.{next(attempts)}",
+                exclude=frozenset(progress.failed_replicas),
+                losses=self.losses,
+                after_tokens=after,
+            )
         except PoisonRequest:
             raise
         except (GatewayError, RedisError) as exc:
@@ -304,8 +310,12 @@ class Generation:
 
 
 def broker_unavailable(exc: Exception | str) -> GatewayError:
-    return GatewayError(503, f"The request broker is unavailable ({exc}); retry shortly.",
-                        code="broker_unavailable", headers={"Retry-After": "2"})  # fmt: skip
+    return GatewayError(
+        503,
+        f"The request broker is unavailable ({exc}); retry shortly.",
+        code="broker_unavailable",
+        headers={"Retry-After": "2"},
+    )
 
 
 async def _place(
@@ -366,8 +376,12 @@ async def _place(
             tried.add(route.replica_id)
             continue
         return route, None, first
-    raise GatewayError(503, f"No replica of '{deployment.slug}' could take the request.", code="no_ready_replica",
-                       headers={"Retry-After": "2"})  # fmt: skip
+    raise GatewayError(
+        503,
+        f"No replica of '{deployment.slug}' could take the request.",
+        code="no_ready_replica",
+        headers={"Retry-After": "2"},
+    )
 
 
 class PoisonRequest(GatewayError):
@@ -401,8 +415,12 @@ def _no_ready_replica(exc: router.NoReadyReplica) -> GatewayError:
             f" must restart it (POST /api/v1/deployments/{slug}/restart/).",
             code="deployment_failed",
         )
-    return GatewayError(503, f"Deployment '{slug}' has no ready replica right now; try again shortly.",
-                        code="no_ready_replica", headers={"Retry-After": "2"})  # fmt: skip
+    return GatewayError(
+        503,
+        f"Deployment '{slug}' has no ready replica right now; try again shortly.",
+        code="no_ready_replica",
+        headers={"Retry-After": "2"},
+    )
 
 
 def session_of(
@@ -441,10 +459,12 @@ async def start(
 async def _start(hub, req: GenerationRequest, caller: Caller, headers, session) -> Generation:
     if req.priority < caller.min_priority:
         raise GatewayError(
-            403, f"This API key may not ask for priority {req.priority}: the most urgent it may ask for is "
+            403,
+            f"This API key may not ask for priority {req.priority}: the most urgent it may ask for is "
             f"{caller.min_priority} (service_tier 'priority' is -1; an operator sets the key's min_priority).",
-            "priority", "priority_not_allowed",
-        )  # fmt: skip
+            "priority",
+            "priority_not_allowed",
+        )
     deployment, candidates = await _deployment_and_replicas(req.model, caller)
     session = session_of(deployment, req, headers, session)
     await tokenization.tokenize(deployment, req)  # the router's ids; refused here if over the context

@@ -77,8 +77,13 @@ async def deltas(gen: generation.Generation) -> list[DeltaEvent]:
         await gen.close()
 
 
-def respond(gen: generation.Generation, body: dict | None, events: AsyncIterator[bytes] | None = None,
-            failed: Callable[[GatewayError], bytes] | None = None, end: bytes = b"") -> HttpResponse:  # fmt: skip
+def respond(
+    gen: generation.Generation,
+    body: dict | None,
+    events: AsyncIterator[bytes] | None = None,
+    failed: Callable[[GatewayError], bytes] | None = None,
+    end: bytes = b"",
+) -> HttpResponse:
     """JSON `body`, or (when there is none: the request streams) the `events`, then `end`; then
     the route headers. A request that fails mid-stream ends with `failed(error)` (then `end`);
     the request is closed (aborted if still running) either way."""

@@ -48,8 +48,13 @@ class ModelText:
 def _unreadable(model: Model, why: object) -> None:
     if model.source not in _reported:
         _reported.add(model.source)
-        log.warning("model %s (%s): the gateway cannot tokenise its prompts (%s); its requests are sent "
-                    "untokenised, routed without their token ids", model.name, model.source, why)  # fmt: skip
+        log.warning(
+            "model %s (%s): the gateway cannot tokenise its prompts (%s); its requests are sent "
+            "untokenised, routed without their token ids",
+            model.name,
+            model.source,
+            why,
+        )
 
 
 @functools.lru_cache(maxsize=CACHED_MODELS)
@@ -122,9 +127,13 @@ async def tokenize(deployment: Deployment, req: GenerationRequest) -> None:
     if limit is not None and len(ids) >= limit:
         # The engine's check_prompt; max_tokens past the room left is cut short there, not refused.
         param = _param(req, "prompt")
-        raise GatewayError(400, f"This model's maximum context length is {limit} tokens; your {bare(param)} resulted "
-                           f"in {len(ids)} tokens, which leaves none to generate.", param,
-                          "context_length_exceeded")  # fmt: skip
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {limit} tokens; your {bare(param)} resulted "
+            f"in {len(ids)} tokens, which leaves none to generate.",
+            param,
+            "context_length_exceeded",
+        )
     req.prompt_token_ids = ids
 
 

@@ -123,8 +123,7 @@ def start(kind: str, model: str, max_tokens: int | None, headers: Mapping[str, s
     tracer = _provider.get_tracer("switchyard.gateway")
     operation = "chat" if kind == "chat" else "text_completion"
     started_ns, started_mono = time.time_ns(), time.monotonic()
-    span = tracer.start_span(f"{operation} {model}", context=context, kind=trace.SpanKind.SERVER,
-                             start_time=started_ns)  # fmt: skip
+    span = tracer.start_span(f"{operation} {model}", context=context, kind=trace.SpanKind.SERVER, start_time=started_ns)
     span.set_attribute("gen_ai.operation.name", operation)
     span.set_attribute("gen_ai.request.model", model)
     if max_tokens is not None:
@@ -132,8 +131,9 @@ def start(kind: str, model: str, max_tokens: int | None, headers: Mapping[str, s
     return RequestTrace(span, tracer, started_ns, started_mono)
 
 
-def finish(rt: RequestTrace | None, request_id: str | None, replica: int | None, final,
-           error: str | None = None) -> None:  # fmt: skip
+def finish(
+    rt: RequestTrace | None, request_id: str | None, replica: int | None, final, error: str | None = None
+) -> None:
     """End the request's span (`final`: its last DeltaEvent, None if it failed) with a child for
     each phase on each replica that served it, ending at the moments the gateway saw them, and
     one for each move between replicas."""

@@ -82,8 +82,13 @@ def _add_positions(acc: list[int], counts: list[int]) -> list[int]:
 
 def _add_speculation(acc: dict | None, spec: dict) -> dict:
     """A deployment's speculation since its live replica processes started, summed."""
-    acc = acc or {"num_drafts": 0, "drafted_per_position": [], "accepted_per_position": [], "verify_seconds": 0.0,
-                  "draft_seconds": 0.0}  # fmt: skip
+    acc = acc or {
+        "num_drafts": 0,
+        "drafted_per_position": [],
+        "accepted_per_position": [],
+        "verify_seconds": 0.0,
+        "draft_seconds": 0.0,
+    }
     acc["num_drafts"] += spec.get("num_drafts", 0)
     for key in ("drafted_per_position", "accepted_per_position"):
         acc[key] = _add_positions(acc[key], spec.get(key) or [])

@@ -115,10 +115,13 @@ TIER_BLOCKS_LOADED = (
 )
 TIERS_SERIES = {
     "load_seconds": ("switchyard_kv_tier_load_seconds_total", "counter", "Time the store and disk loads took."),
-    "dropped_writes": ("switchyard_kv_tier_dropped_writes_total", "counter",
-                       "KV blocks not written to a tier because its writes fell behind."),
+    "dropped_writes": (
+        "switchyard_kv_tier_dropped_writes_total",
+        "counter",
+        "KV blocks not written to a tier because its writes fell behind.",
+    ),
     "loads_inflight": ("switchyard_kv_tier_loads_inflight", "gauge", "Requests waiting on a tier load."),
-}  # fmt: skip
+}
 
 
 TENANT_COUNTERS = (
@@ -155,11 +158,15 @@ SPEC_COUNTERS = {
     "draft_seconds": ("switchyard_spec_draft_seconds_total", "Time spent proposing drafts."),
 }
 SPEC_PER_POSITION = {
-    "drafted_per_position": ("switchyard_spec_draft_tokens_total",
-                             "Draft tokens proposed, by position in the draft run (0: the first guess)."),
-    "accepted_per_position": ("switchyard_spec_accepted_tokens_total",
-                              "Draft tokens accepted, by position in the draft run (0: the first guess)."),
-}  # fmt: skip
+    "drafted_per_position": (
+        "switchyard_spec_draft_tokens_total",
+        "Draft tokens proposed, by position in the draft run (0: the first guess).",
+    ),
+    "accepted_per_position": (
+        "switchyard_spec_accepted_tokens_total",
+        "Draft tokens accepted, by position in the draft run (0: the first guess).",
+    ),
+}
 SPEC_CHOSEN_K = (
     "switchyard_spec_chosen_k_total",
     "Decoding sequences given k draft tokens by the measured choice (speculative method auto), by k (0: none).",
@@ -171,11 +178,15 @@ SPEC_GAIN = (
     'expected (basis="expected") and as measured (basis="measured"). plain / spent is the speed-up.',
 )
 SPEC_SPEEDUP = {
-    "expected": ("switchyard_spec_expected_speedup",
-                 "Speed-up the measured choice expected of the steps it drafted in, since the replica started."),
-    "measured": ("switchyard_spec_measured_speedup",
-                 "Speed-up measured over the steps the measured choice drafted in, since the replica started."),
-}  # fmt: skip
+    "expected": (
+        "switchyard_spec_expected_speedup",
+        "Speed-up the measured choice expected of the steps it drafted in, since the replica started.",
+    ),
+    "measured": (
+        "switchyard_spec_measured_speedup",
+        "Speed-up measured over the steps the measured choice drafted in, since the replica started.",
+    ),
+}
 SPEC_ACCEPTANCE_LENGTH = (
     "switchyard_spec_mean_acceptance_length",
     "Tokens a draft run yields on average (its accepted guesses plus the target's own token), since the replica "
@@ -212,11 +223,15 @@ def _speculation(exp: Exposition, labels: dict, spec: dict) -> None:
 
 FAILOVER_COUNTERS = {
     "resumed": ("switchyard_requests_resumed_total", "Requests resumed on another replica after theirs was lost."),
-    "failed": ("switchyard_requests_failover_failed_total",
-               "Requests whose replica was lost with no other replica to resume them on."),
-    "poison": ("switchyard_poison_requests_total",
-               "Requests failed, not resumed, after a second replica was lost under them (suspected of killing them)."),
-}  # fmt: skip
+    "failed": (
+        "switchyard_requests_failover_failed_total",
+        "Requests whose replica was lost with no other replica to resume them on.",
+    ),
+    "poison": (
+        "switchyard_poison_requests_total",
+        "Requests failed, not resumed, after a second replica was lost under them (suspected of killing them).",
+    ),
+}
 CRASHES = (
     "switchyard_replica_crashes_total",
     "Replica processes that exited unexpectedly; attributed: with a request in flight that a replica had died "
@@ -276,8 +291,13 @@ def render(redis_client) -> str:
     exp = Exposition()
     for replica, status in replica_statuses(redis_client):
         labels = {"deployment": replica.deployment.slug, "replica": replica.pk, "role": replica.role}
-        exp.add("switchyard_replica_up", "gauge", "1 while the replica heartbeats.", labels,
-                int(status is not None and status.is_fresh()))  # fmt: skip
+        exp.add(
+            "switchyard_replica_up",
+            "gauge",
+            "1 while the replica heartbeats.",
+            labels,
+            int(status is not None and status.is_fresh()),
+        )
         if status is None:
             continue
         metrics, load = status.metrics, status.load
@@ -292,17 +312,24 @@ def render(redis_client) -> str:
                 exp.histogram(
                     name, f"{name.removeprefix('switchyard_').replace('_', ' ')} per request", labels, metrics[key]
                 )
-        for table, source, kind in ((GAUGES, load, "gauge"), (CACHE_COUNTERS, load, "counter"),
-                                    (KV_COUNTERS, load.get("kv_transfer") or {}, "counter")):  # fmt: skip
+        for table, source, kind in (
+            (GAUGES, load, "gauge"),
+            (CACHE_COUNTERS, load, "counter"),
+            (KV_COUNTERS, load.get("kv_transfer") or {}, "counter"),
+        ):
             for key, (name, help_text) in table.items():
                 if key in source:
                     exp.add(name, kind, help_text, labels, source[key])
         for entry in load.get("rank_memory") or []:  # per rank: weights, KV cache, the rest
             for kind in ("weights", "kv_cache", "other"):
                 if isinstance(entry, dict) and kind in entry:
-                    exp.add("switchyard_replica_rank_memory_bytes", "gauge",
-                            "bytes a replica's rank holds after load, by kind (weights, kv_cache, other)",
-                            {**labels, "rank": entry.get("rank", 0), "kind": kind}, entry[kind])  # fmt: skip
+                    exp.add(
+                        "switchyard_replica_rank_memory_bytes",
+                        "gauge",
+                        "bytes a replica's rank holds after load, by kind (weights, kv_cache, other)",
+                        {**labels, "rank": entry.get("rank", 0), "kind": kind},
+                        entry[kind],
+                    )
         if isinstance(load.get("kv_tiers"), dict):  # only replicas with KV tiers report them
             _kv_tiers(exp, labels, load["kv_tiers"])
         if isinstance(metrics.get("speculative"), dict):  # only replicas that speculate report it

@@ -27,10 +27,13 @@ HISTOGRAMS = (
     ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode_seconds"),
 )
 PREFIX_CACHE = (
-    ("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
-     "prefix_cache_queries"),
+    (
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_cache_queries",
+    ),
     ("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
-)  # fmt: skip
+)
 PREEMPTIONS = ("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
 SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.")

@@ -36,13 +36,17 @@ def _hour_key(now: datetime | None = None) -> str:
     return PENDING + (now or datetime.now(UTC)).strftime("%Y%m%d%H")
 
 
-async def count(client: aioredis.Redis, owner_id: int | None, key_id: int | None, deployment: str, usage: dict,
-                first: bool) -> None:  # fmt: skip
+async def count(
+    client: aioredis.Redis, owner_id: int | None, key_id: int | None, deployment: str, usage: dict, first: bool
+) -> None:
     """One choice's final `usage` (`first`: the request's first: its request and input count)."""
     counts = {"output_tokens": int(usage.get("completion_tokens", 0))}
     if first:
-        counts.update(requests=1, input_tokens=int(usage.get("prompt_tokens", 0)),
-                      cached_tokens=int(usage.get("cached_tokens", 0)))  # fmt: skip
+        counts.update(
+            requests=1,
+            input_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=int(usage.get("cached_tokens", 0)),
+        )
     key, who = _hour_key(), f"{owner_id or 0}|{key_id or 0}|{deployment}"
     try:
         pipe = client.pipeline(transaction=False)
@@ -107,8 +111,9 @@ def _expire_rows() -> None:
 
 def report(rows, group_by: str) -> list[dict]:
     """Totals of `rows` (a UsageHour queryset) per `group_by` (owner, api_key, deployment, hour)."""
-    field = {"owner": "owner__username", "api_key": "api_key__name", "deployment": "deployment",
-             "hour": "hour"}[group_by]  # fmt: skip
+    field = {"owner": "owner__username", "api_key": "api_key__name", "deployment": "deployment", "hour": "hour"}[
+        group_by
+    ]
     values = ["owner__username", "api_key__name", "api_key__prefix"] if group_by == "api_key" else [field]
     totals = rows.values(*values).annotate(**{name: Sum(name) for name in COUNTS}).order_by(*values)
     out = []

@@ -296,8 +296,13 @@ async def test_a_messages_body_over_the_limit_is_anthropics_413(settings):
 
 def test_stored_responses_are_their_owners_only(client, keys):
     def call(method, path, key, body=None):
-        return client.generic(method, path, json.dumps(body) if body else "", "application/json",
-                              headers={"Authorization": f"Bearer {keys[key]}"})  # fmt: skip
+        return client.generic(
+            method,
+            path,
+            json.dumps(body) if body else "",
+            "application/json",
+            headers={"Authorization": f"Bearer {keys[key]}"},
+        )
 
     assert call("GET", "/v1/responses/resp_theirs", "theirs").json() == {"id": "resp_theirs"}
     for method in ("GET", "DELETE"):
@@ -346,11 +351,19 @@ def test_a_response_streams_text_then_a_function_call_in_order():
     final = events[-1]["response"]
     message, call = final["output"]
     assert message["content"][0]["text"] == "Let me check." == events[6]["text"]  # the whitespace before the call
-    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "get_weather",
-                                                                           {"city": "Oslo"})  # fmt: skip
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == (
+        "function_call",
+        "get_weather",
+        {"city": "Oslo"},
+    )
     assert call["call_id"].startswith("call_") and events[9]["output_index"] == 1
-    assert final["usage"] == {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 5,
-                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 45}  # fmt: skip
+    assert final["usage"] == {
+        "input_tokens": 40,
+        "input_tokens_details": {"cached_tokens": 32},
+        "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 45,
+    }
     # What a continuation starts with: the input, then the answer as the chat's assistant message.
     assert builder.conversation() == [{"role": "user", "content": "hi"}, {
         "role": "assistant", "content": "Let me check.", "tool_calls": [{
@@ -396,15 +409,23 @@ def test_a_message_streams_text_and_tool_use_blocks_and_ends_with_its_stop_reaso
     delta = events[9][1]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     # Anthropic counts input tokens read from the cache apart.
-    assert delta["usage"] == {"input_tokens": 8, "cache_read_input_tokens": 32, "cache_creation_input_tokens": 0,
-                              "output_tokens": 5}  # fmt: skip
+    assert delta["usage"] == {
+        "input_tokens": 8,
+        "cache_read_input_tokens": 32,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": 5,
+    }
 
 
 @pytest.mark.parametrize(
     ("finish", "stop_reason", "expected"),
-    [("stop", None, ("end_turn", None)), ("stop", 2, ("end_turn", None)), ("length", None, ("max_tokens", None)),
-     ("stop", "END", ("stop_sequence", "END"))],
-)  # fmt: skip
+    [
+        ("stop", None, ("end_turn", None)),
+        ("stop", 2, ("end_turn", None)),
+        ("length", None, ("max_tokens", None)),
+        ("stop", "END", ("stop_sequence", "END")),
+    ],
+)
 def test_anthropic_stop_reasons(finish, stop_reason, expected):
     (_, delta), _ = build_message(CLAUDE, ("Hi",), finish=finish, stop_reason=stop_reason)[-2:]
     assert (delta["delta"]["stop_reason"], delta["delta"]["stop_sequence"]) == expected

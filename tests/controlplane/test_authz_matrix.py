@@ -248,8 +248,11 @@ def test_every_route_and_operation_has_a_row():
     assert operations - rows == set(), "operations without a row"
 
     covered = {resolve(row.path.split("?")[0].format(id=1, slug="demo")).route for row in ROWS}
-    missing = {route for route in _routes(get_resolver().url_patterns)
-               if route not in covered and _route_key(route) not in NOT_IN_MATRIX}  # fmt: skip
+    missing = {
+        route
+        for route in _routes(get_resolver().url_patterns)
+        if route not in covered and _route_key(route) not in NOT_IN_MATRIX
+    }
     assert missing == set(), "routes without a row"
     assert {str(p.pattern) for p in websocket_urlpatterns} == {path.strip("/") + "/" for path in WS_ROWS}
 
@@ -261,8 +264,11 @@ def test_every_route_and_operation_has_a_row():
 def seeded(staff, user) -> dict:
     """The demo deployment (running, its one replica still starting: nothing is ready), another
     deployment, one object of each kind, and the callers' credentials."""
-    node = register_node(name="node-a", hostname="host-a",
-                         devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}])  # fmt: skip
+    node = register_node(
+        name="node-a",
+        hostname="host-a",
+        devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}],
+    )
     tiny = Model.objects.create(name="tiny", source="/models/tiny", status=Model.Status.READY)
     spare = Model.objects.create(name="spare", source="/models/spare", status=Model.Status.READY)
     policy = CachePolicy.objects.create(name="default")

@@ -117,8 +117,9 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def deployment(db):
     model = register_model(name="tiny", source="org/tiny", source_type="hub")
-    node = register_node(name="n1", hostname="h1",
-                         devices=[{"index": 0, "kind": "cpu", "name": "cpu", "memory_total": 8 << 30}])  # fmt: skip
+    node = register_node(
+        name="n1", hostname="h1", devices=[{"index": 0, "kind": "cpu", "name": "cpu", "memory_total": 8 << 30}]
+    )
     dep = Deployment.objects.create(slug="auto", model=model, replicas=1, engine="sim")
     replica = Replica.objects.create(deployment=dep, node=node, state=Replica.State.READY)
     return dep, replica
@@ -200,7 +201,11 @@ def test_the_api_shows_defaults_takes_settings_and_refuses_what_cannot_work(staf
     url = "/api/v1/deployments/auto/autoscaling/"
     got = staff_client.get(url).json()
     assert (got["enabled"], got["mode"], got["scale_down_cooldown_seconds"], got["tolerance"]) == (
-        False, "advisory", 300, 0.1)  # fmt: skip
+        False,
+        "advisory",
+        300,
+        0.1,
+    )
     changed = staff_client.patch(url, {"enabled": True, "mode": "active", "max_replicas": 6}, format="json")
     assert changed.status_code == 200 and changed.json()["max_replicas"] == 6
     assert Autoscaling.objects.get().enabled and Event.objects.filter(verb="autoscaling.updated").exists()

@@ -260,9 +260,12 @@ async def test_websocket_bad_frames_get_errors_and_the_socket_goes_on(django_use
         ({"text_data": DEEP.decode()}, "invalid_json", None),
         ({"text_data": "{not json"}, "invalid_json", None),
         ({"bytes_data": b"\x00\x01"}, "invalid_json", None),
-        ({"text_data": '{"id": "r0", "model": "m", "messages": [], "temperature": NaN}'}, "invalid_value",
-         "temperature"),
-    ]:  # fmt: skip
+        (
+            {"text_data": '{"id": "r0", "model": "m", "messages": [], "temperature": NaN}'},
+            "invalid_value",
+            "temperature",
+        ),
+    ]:
         await comm.send_to(**frame)
         reply = await comm.receive_json_from(timeout=5)
         assert reply["type"] == "error" and reply["id"] is None

@@ -177,13 +177,18 @@ def test_the_batch_token_serves_as_the_batchs_key_at_the_lowest_priority(client,
     [replica] = Replica.objects.filter(deployment__slug="turns")
     rc = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     with played_replica(rc, replica.pk) as seen:
-        answer = client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
-                             **auth(token_for(batch["id"])))  # fmt: skip
+        answer = client.post(
+            "/v1/chat/completions", line(0)["body"], content_type="application/json", **auth(token_for(batch["id"]))
+        )
     assert answer.status_code == 200, answer.content
     assert seen[0]["share"] == {"priority": BATCH_PRIORITY, "tenant": "batcher", "weight": 1.0}
     forged = token_for(batch["id"])[:-4] + "0000"
-    assert client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
-                       **auth(forged)).status_code == 401  # fmt: skip
+    assert (
+        client.post(
+            "/v1/chat/completions", line(0)["body"], content_type="application/json", **auth(forged)
+        ).status_code
+        == 401
+    )
     assert client.get("/v1/batches", **auth(token_for(batch["id"]))).status_code == 403
 
 
@@ -216,8 +221,9 @@ def test_the_gateway_keeps_interactive_ttfts_and_not_a_batchs(client, key):
     before = time.time()
     with played_replica(rc, replica.pk):
         for secret in (key, token_for(batch["id"]), key):
-            answer = client.post("/v1/chat/completions", line(0)["body"], content_type="application/json",
-                                 **auth(secret))  # fmt: skip
+            answer = client.post(
+                "/v1/chat/completions", line(0)["body"], content_type="application/json", **auth(secret)
+            )
             assert answer.status_code == 200, answer.content
     ended = inspector.interactive_ttfts(rc, "turns", before)
     assert len(ended) == 2 and all(before < at <= time.time() and 0 < ms < 60_000 for at, ms in ended)

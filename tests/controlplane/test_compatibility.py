@@ -51,8 +51,12 @@ DEEPSEEK = {
 def int4(ignore: list[str]) -> dict:
     """compressed-tensors pack-quantized, as Kimi K2 ships it."""
     weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ignore,
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}  # fmt: skip
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "ignore": ignore,
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
 
 
 # What Kimi K2 keeps dense: the head, attention, shared experts and the dense first layer's MLP.
@@ -111,8 +115,12 @@ def examples(model_dirs):
     """Each row's example: the first of REFUSED the table refuses by that row."""
     found = {}
     for model, tp, pp, tiers in REFUSED:
-        data = {"model": unsaved_model(model_dirs, model), "tensor_parallel": tp, "pipeline_parallel": pp,
-                "cache_policy": CachePolicy(name="tiers", **TIERS) if tiers else None}  # fmt: skip
+        data = {
+            "model": unsaved_model(model_dirs, model),
+            "tensor_parallel": tp,
+            "pipeline_parallel": pp,
+            "cache_policy": CachePolicy(name="tiers", **TIERS) if tiers else None,
+        }
         hit = refusal(data)
         assert hit is not None, f"{(model, tp, pp, tiers)} is refused by no row"
         found.setdefault(RULES.index(hit[0]), (model, tp, pp, tiers))
@@ -130,8 +138,13 @@ def catalog(model_dirs):
 
 
 def body(model: str, tp: int, pp: int, tiers: bool) -> dict:
-    return {"slug": "d", "model": model, "tensor_parallel": tp, "pipeline_parallel": pp,
-            "cache_policy": "tiers" if tiers else "plain"}  # fmt: skip
+    return {
+        "slug": "d",
+        "model": model,
+        "tensor_parallel": tp,
+        "pipeline_parallel": pp,
+        "cache_policy": "tiers" if tiers else "plain",
+    }
 
 
 def example_of(examples, i: int) -> tuple:
@@ -222,8 +235,12 @@ def engine_model_config(raw: dict):
 def test_the_model_shape_is_read_as_the_engine_reads_it(name):
     engine, shape = engine_model_config(CONFIGS[name]), ModelShape.from_config(CONFIGS[name])
     assert (shape.architecture, shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.intermediate_size) == (
-        engine.architecture, engine.num_layers, engine.num_heads, engine.num_kv_heads, engine.intermediate_size
-    )  # fmt: skip
+        engine.architecture,
+        engine.num_layers,
+        engine.num_heads,
+        engine.num_kv_heads,
+        engine.intermediate_size,
+    )
     assert (shape.mla, shape.quantization) == (engine.mla is not None, engine.quantization)
     if engine.moe is None:
         assert shape.moe is None

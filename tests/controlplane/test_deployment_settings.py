@@ -94,13 +94,20 @@ def test_a_session_affinity_header_that_is_no_header_name_or_a_reserved_one_is_r
 
 
 def test_routing_settings_are_stored_and_bad_ones_refused(staff_client):
-    body = {"name": "p", "session_affinity_header": "X-Conversation", "routing": "kv_aware",
-            "affinity_load_factor": 1.5}  # fmt: skip
+    body = {
+        "name": "p",
+        "session_affinity_header": "X-Conversation",
+        "routing": "kv_aware",
+        "affinity_load_factor": 1.5,
+    }
     response = staff_client.post("/api/v1/cache-policies/", body, format="json")
     assert response.status_code == 201, response.json()
     policy = CachePolicy.objects.get()
     assert (policy.session_affinity_header, policy.routing, policy.affinity_load_factor) == (
-        "x-conversation", "kv_aware", 1.5)  # fmt: skip
+        "x-conversation",
+        "kv_aware",
+        1.5,
+    )
     for field, value in [("routing", "fastest"), ("affinity_load_factor", 0.5), ("affinity_load_factor", "NaN")]:
         patched = staff_client.patch(f"/api/v1/cache-policies/{policy.pk}/", {field: value}, format="json")
         assert patched.status_code == 400 and field in patched.json(), (field, value, patched.json())
@@ -135,14 +142,19 @@ def test_a_simulated_deployment_sends_its_profile_whole_in_each_spec(staff_clien
 
 @pytest.mark.parametrize(
     ("body", "field", "says"),
-    [({"engine": "real", "sim_profile": "cpu-demo"}, "sim_profile", "read by the simulated engine only"),
-     ({"engine": "sim", "sim_profile": "a100"}, "sim_profile", "no simulation profile 'a100'"),
-     ({"engine": "sim", "mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1}, "mode",
-      "is not simulated yet"),
-     ({"engine": "sim", "speculative_method": "ngram"}, "speculative_method", "is not simulated yet"),
-     ({"engine": "sim", "tensor_parallel": 2}, "tensor_parallel", "is not simulated yet"),
-     ({"engine": "quantum"}, "engine", "not a valid choice")],
-)  # fmt: skip
+    [
+        ({"engine": "real", "sim_profile": "cpu-demo"}, "sim_profile", "read by the simulated engine only"),
+        ({"engine": "sim", "sim_profile": "a100"}, "sim_profile", "no simulation profile 'a100'"),
+        (
+            {"engine": "sim", "mode": "disaggregated", "prefill_replicas": 1, "decode_replicas": 1},
+            "mode",
+            "is not simulated yet",
+        ),
+        ({"engine": "sim", "speculative_method": "ngram"}, "speculative_method", "is not simulated yet"),
+        ({"engine": "sim", "tensor_parallel": 2}, "tensor_parallel", "is not simulated yet"),
+        ({"engine": "quantum"}, "engine", "not a valid choice"),
+    ],
+)
 def test_what_the_simulated_engine_does_not_simulate_is_refused(staff_client, model, cpu_node, body, field, says):
     response = staff_client.post("/api/v1/deployments/", {"slug": "s", "model": "tiny", **body}, format="json")
     assert response.status_code == 400 and says in str(response.json()[field]), response.json()
@@ -154,8 +166,12 @@ def test_a_simulated_deployment_refuses_kv_tiers_and_a_change_to_them(staff_clie
     body = {"slug": "s", "model": "tiny", "engine": "sim", "cache_policy": "tiers"}
     response = staff_client.post("/api/v1/deployments/", body, format="json")
     assert response.status_code == 400 and "KV tiers of cache_policy 'tiers'" in str(response.json()["cache_policy"])
-    assert staff_client.post("/api/v1/deployments/", {"slug": "s", "model": "tiny", "engine": "sim"},
-                             format="json").status_code == 201  # fmt: skip
+    assert (
+        staff_client.post(
+            "/api/v1/deployments/", {"slug": "s", "model": "tiny", "engine": "sim"}, format="json"
+        ).status_code
+        == 201
+    )
     patch = staff_client.patch("/api/v1/deployments/s/", {"cache_policy": tiers.name}, format="json")
     assert patch.status_code == 400 and "is not simulated yet" in str(patch.json()["cache_policy"])
     policy = CachePolicy.objects.create(name="plain")

@@ -102,8 +102,13 @@ async def test_a_request_that_fails_between_its_pick_and_its_sending_stops_count
 
     monkeypatch.setattr(router, "choose", choose)
     with pytest.raises(RedisConnectionError):
-        await generation._place(SimpleNamespace(dispatched=web), SimpleNamespace(slug="d"),
-                                {"decode": [A, B], "prefill": []}, GenerateMessage(), lambda: "r1")  # fmt: skip
+        await generation._place(
+            SimpleNamespace(dispatched=web),
+            SimpleNamespace(slug="d"),
+            {"decode": [A, B], "prefill": []},
+            GenerateMessage(),
+            lambda: "r1",
+        )
     assert web.open == {} and await client.zcard(dispatched_key(A)) == 0
 
 

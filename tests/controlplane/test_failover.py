@@ -9,9 +9,12 @@ from controlplane.gateway import failover
 from controlplane.telemetry.prometheus import render
 from workers.protocol.replica import DeltaEvent, GenerateMessage, Resume, WireSamplingParams
 
-CHAT = GenerateMessage(params=WireSamplingParams(temperature=0.0, max_tokens=32, stop=["\n\n"]),
-                       return_prompt_token_ids=True, messages=[{"role": "user", "content": "hi"}],
-                       tools=[{"type": "function"}])  # fmt: skip
+CHAT = GenerateMessage(
+    params=WireSamplingParams(temperature=0.0, max_tokens=32, stop=["\n\n"]),
+    return_prompt_token_ids=True,
+    messages=[{"role": "user", "content": "hi"}],
+    tools=[{"type": "function"}],
+)
 
 
 def test_a_request_that_generated_nothing_is_sent_again_as_it_was():
@@ -49,9 +52,12 @@ def test_failover_counts_are_prometheus_counters_per_deployment(db):
     client.hincrby(failover.COUNTS_KEY, "chat-a:resumed", 3)
     client.hincrby(failover.COUNTS_KEY, "chat-a:failed", 1)
     client.hincrby(failover.COUNTS_KEY, "b:resumed", 2)
-    samples = {(s.name, s.labels["deployment"]): s.value
-               for fam in text_string_to_metric_families(render(client)) for s in fam.samples
-               if s.name.startswith("switchyard_requests_")}  # fmt: skip
+    samples = {
+        (s.name, s.labels["deployment"]): s.value
+        for fam in text_string_to_metric_families(render(client))
+        for s in fam.samples
+        if s.name.startswith("switchyard_requests_")
+    }
     assert samples == {
         ("switchyard_requests_resumed_total", "b"): 2,
         ("switchyard_requests_failover_failed_total", "b"): 0,

@@ -151,8 +151,11 @@ LIMIT = 200  # the deployment's max_model_len (the chat with a tool is 150 token
 def served(db, model_dir, django_user_model):
     """A deployment of the tiny checkpoint (max_model_len LIMIT) with one ready replica, which a
     thread plays: it answers each `generate` on the replica's stream with one token."""
-    register_node(name="node-t", hostname="node-t",
-                  devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}])  # fmt: skip
+    register_node(
+        name="node-t",
+        hostname="node-t",
+        devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}],
+    )
     model = validate_model(register_model(name="tiny-tok", source=str(model_dir)).pk)
     deployment = create_deployment({"slug": "tok", "model": model, "replicas": 1, "max_model_len": LIMIT})
     reconcile_all()
@@ -192,8 +195,11 @@ def test_a_prompt_over_the_context_is_refused_before_any_replica_is_chosen(clien
         refused = _post(client, served, path, body)
         assert refused.status_code == 400, refused.content
         error = refused.json()["error"]
-        assert (error["type"], error["code"], error["param"]) == ("invalid_request_error",
-                                                                  "context_length_exceeded", param)  # fmt: skip
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "context_length_exceeded",
+            param,
+        )
         assert f"maximum context length is {LIMIT} tokens" in error["message"]
     assert _generates(served) == 1  # nothing more reached the replica's stream
     # One token shorter fits: it leaves one to generate.

@@ -94,8 +94,12 @@ def _bodies_sent_by_the_openai_client() -> list[dict]:
         sent.append(json.loads(request.content))
         return httpx.Response(400, json={"error": {"message": "captured", "type": "x", "param": None, "code": None}})
 
-    client = openai.OpenAI(base_url="http://gateway/v1", api_key="sy-x", max_retries=0,
-                           http_client=httpx.Client(transport=httpx.MockTransport(capture)))  # fmt: skip
+    client = openai.OpenAI(
+        base_url="http://gateway/v1",
+        api_key="sy-x",
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(capture)),
+    )
     calls = [
         lambda: client.chat.completions.create(model="m", messages=MSG),
         lambda: client.chat.completions.create(model="m", messages=MSG, stream=True,

@@ -65,8 +65,13 @@ def test_the_store_is_refused_until_this_control_plane_has_one_and_says_how_to_s
 
 
 def test_every_tier_together_is_stored_and_read_back(staff_client):
-    body = {"dram_tier_bytes": 2 << 30, "disk_tier_path": "/var/cache/switchyard/kv", "disk_tier_bytes": 100 << 30,
-            "store_tier": True, "min_cached_prefix_tokens": 256}  # fmt: skip
+    body = {
+        "dram_tier_bytes": 2 << 30,
+        "disk_tier_path": "/var/cache/switchyard/kv",
+        "disk_tier_bytes": 100 << 30,
+        "store_tier": True,
+        "min_cached_prefix_tokens": 256,
+    }
     with with_store():
         response = create(staff_client, **body)
     assert response.status_code == 201, response.json()
@@ -102,8 +107,13 @@ def test_the_replica_spec_carries_the_policys_tiers_to_every_role(deployment_wit
         for role in (Replica.Role.PREFILL, Replica.Role.DECODE):
             # The node agent fills in its own address, protocol and what it lends the store.
             assert spec_of(everything, role).kv_tiers == KVTiersSpec(
-                dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30, store_master=MASTER,
-                store_metrics="10.0.0.5:9003", min_prefix_tokens=128)  # fmt: skip
+                dram_bytes=1 << 30,
+                disk_path="/var/cache/kv",
+                disk_bytes=8 << 30,
+                store_master=MASTER,
+                store_metrics="10.0.0.5:9003",
+                min_prefix_tokens=128,
+            )
         assert spec_of(deployment_with("dram", dram_tier_bytes=4 << 20)).kv_tiers == KVTiersSpec(dram_bytes=4 << 20)
     assert spec_of(deployment_with("plain")).kv_tiers is None  # no policy
     assert spec_of(deployment_with("routing-only", routing="kv_aware")).kv_tiers is None

@@ -85,8 +85,11 @@ def run(sup: Supervisor, client, r: Replica) -> str:
 
 def kill(sup: Supervisor, events: list, r: Replica, kind: str):
     os.kill(sup.replicas[r.pk].process.pid, signal.SIGKILL)
-    return wait_for(lambda: next((e for e in events if e.replica_id == r.pk and e.kind == kind), None), 20,
-                    f"the agent to report replica {r.pk} {kind}")  # fmt: skip
+    return wait_for(
+        lambda: next((e for e in events if e.replica_id == r.pk and e.kind == kind), None),
+        20,
+        f"the agent to report replica {r.pk} {kind}",
+    )
 
 
 def apply(events: list, capture) -> None:

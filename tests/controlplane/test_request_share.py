@@ -104,8 +104,12 @@ def test_a_key_may_not_ask_ahead_of_its_min_priority(client, redis_client, djang
     replica = serve()
     _, key = create_api_key(name="k", owner=django_user_model.objects.create_user("tenant-d"))  # min_priority 0
     with played_replica(redis_client, replica) as seen:
-        response = client.post("/v1/chat/completions", {**CHAT, **body}, content_type="application/json",
-                               HTTP_AUTHORIZATION=f"Bearer {key}")  # fmt: skip
+        response = client.post(
+            "/v1/chat/completions",
+            {**CHAT, **body},
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {key}",
+        )
     if allowed:
         assert response.status_code == 200 and len(seen) == 1, response.content
     else:

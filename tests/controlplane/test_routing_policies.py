@@ -298,9 +298,14 @@ def _replay_sessions(rule: bool, seed: int = SEED) -> tuple[list[int], float]:
         window = Counter(rid for _, rid, _ in recent)
         plan = policies.plan(policies.SESSION, idle(), session=key, bound_to=bound.get(key))
         order = [c.replica_id for c in plan.candidates]
-        i = policies.pick(plan, [0] * 4, bound_to=bound.get(key), sessions=[bindings[r] for r in order],
-                         recent=[window[r] for r in order] if rule else None,
-                         own=sum(k == key for _, _, k in recent))  # fmt: skip
+        i = policies.pick(
+            plan,
+            [0] * 4,
+            bound_to=bound.get(key),
+            sessions=[bindings[r] for r in order],
+            recent=[window[r] for r in order] if rule else None,
+            own=sum(k == key for _, _, k in recent),
+        )
         rid = order[i]
         if bound.get(key) != rid:
             if key in bound:

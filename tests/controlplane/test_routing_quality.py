@@ -39,8 +39,13 @@ def count(redis):
     reachable and 32 predicted; two finished requests of 100 prompt tokens, 48 of them cached.
     `idle` counted nothing."""
     key = quality.quality_key("chat")
-    for name, value in (("decisions", 2), ("best_prefix_decisions", 1), ("routed_input_tokens", 200),
-                        ("reachable_tokens", 64), ("predicted_tokens", 32)):  # fmt: skip
+    for name, value in (
+        ("decisions", 2),
+        ("best_prefix_decisions", 1),
+        ("routed_input_tokens", 200),
+        ("reachable_tokens", 64),
+        ("predicted_tokens", 32),
+    ):
         redis.hincrby(key, name, value)
 
     async def finish(prompt_tokens: int, cached: list[int]) -> None:

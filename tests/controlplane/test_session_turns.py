@@ -26,8 +26,11 @@ CHAT = {"model": "turns", "messages": [{"role": "user", "content": "hi"}], "max_
 
 def serve(header: str | None = None) -> int:
     """A deployment `turns` (with a cache policy naming `header`, if given) and its one replica, ready."""
-    register_node(name="node-s", hostname="node-s",
-                  devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}])  # fmt: skip
+    register_node(
+        name="node-s",
+        hostname="node-s",
+        devices=[{"index": 0, "kind": "cuda", "name": "H200", "memory_total": 141 << 30}],
+    )
     model = register_model(name="tiny", source="org/tiny", source_type="hub")  # the replica tokenises
     policy = CachePolicy.objects.create(name="turns", session_affinity_header=header) if header else None
     deployment = create_deployment({"slug": "turns", "model": model, "replicas": 1, "cache_policy": policy})

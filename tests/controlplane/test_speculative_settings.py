@@ -159,8 +159,11 @@ def test_a_model_that_is_no_head_is_refused_as_a_draft(staff_client, target):
 def test_a_hub_model_cannot_be_checked_for_eagle3(staff_client, target, heads):
     register_head(staff_client, "head", heads["fits"])
     register_model(name="hub", source="org/hub", source_type="hub")
-    response = staff_client.post("/api/v1/deployments/", {"slug": "d", "model": "hub", "speculative_method": "eagle3",
-                                                          "draft_model": "head"}, format="json")  # fmt: skip
+    response = staff_client.post(
+        "/api/v1/deployments/",
+        {"slug": "d", "model": "hub", "speculative_method": "eagle3", "draft_model": "head"},
+        format="json",
+    )
     assert response.status_code == 400
     assert "model 'hub' is a hub id" in response.json()["draft_model"][0]
 
@@ -210,6 +213,9 @@ def test_the_replica_spec_carries_speculation_to_colocated_and_decode_replicas_o
 
     assert spec(ngram).speculative.engine_config() == {"method": "ngram", "num_speculative_tokens": 3}
     assert spec(eagle, Replica.Role.DECODE).speculative.engine_config() == {
-        "method": "eagle3", "num_speculative_tokens": 2, "model": Model.objects.get(name="head").source}  # fmt: skip
+        "method": "eagle3",
+        "num_speculative_tokens": 2,
+        "model": Model.objects.get(name="head").source,
+    }
     assert spec(eagle, Replica.Role.PREFILL).speculative is None
     assert spec(plain).speculative is None

@@ -56,8 +56,13 @@ def report(redis, r: Replica, incarnation: str, tokens=0, hits=0, queries=0, itl
         load["kv_tiers"] = tier_metrics(tiers)
     if rank_memory is not None:
         load["rank_memory"] = rank_memory
-    metrics = {"deployment": r.deployment.slug, "generation_tokens": tokens, "ttft_seconds": hist(ttft),
-               "itl_seconds": hist(itl), **({"speculative": spec} if spec else {})}  # fmt: skip
+    metrics = {
+        "deployment": r.deployment.slug,
+        "generation_tokens": tokens,
+        "ttft_seconds": hist(ttft),
+        "itl_seconds": hist(itl),
+        **({"speculative": spec} if spec else {}),
+    }
     redis.hset(protocol.status_key(r.pk), mapping={
         "state": "ready", "load": protocol.encode(load), "metrics": protocol.encode(metrics),
         "heartbeat": f"{time.time():.3f}", "incarnation": incarnation,
@@ -135,8 +140,12 @@ def test_speculation_is_rendered_for_replicas_that_speculate_only(redis, deploym
     drafting, plain = replica(deployment), replica(deployment)
     report(redis, drafting, "a", spec=speculative(10, [10, 8, 5], [7, 4, 1], verify=1.25, draft=0.0625))
     report(redis, plain, "b")
-    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
-               if s.name.startswith("switchyard_spec_")]  # fmt: skip
+    samples = [
+        s
+        for f in text_string_to_metric_families(render(redis))
+        for s in f.samples
+        if s.name.startswith("switchyard_spec_")
+    ]
     assert {s.labels["replica"] for s in samples} == {str(drafting.pk)}
     value = {(s.name, s.labels.get("position")): s.value for s in samples}
     assert value == {
@@ -160,11 +169,19 @@ def test_an_auto_replica_reports_the_k_it_chose(redis, deployment):
     each k, 0 included, as switchyard_spec_chosen_k_total{k}; a fixed-k replica has no such series."""
     auto, fixed = replica(deployment), replica(deployment)
     gain = {"expected_plain": 3.0, "expected": 2.0, "measured_plain": 2.4, "measured": 2.0}
-    report(redis, auto, "a", spec={**speculative(4, [4, 3], [2, 1]), "method": "auto", "chosen_k": [9, 1, 3],
-                                   "gain_seconds": gain})  # fmt: skip
+    report(
+        redis,
+        auto,
+        "a",
+        spec={**speculative(4, [4, 3], [2, 1]), "method": "auto", "chosen_k": [9, 1, 3], "gain_seconds": gain},
+    )
     report(redis, fixed, "b", spec=speculative(4, [4, 3], [2, 1]))
-    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
-               if s.name == "switchyard_spec_chosen_k_total"]  # fmt: skip
+    samples = [
+        s
+        for f in text_string_to_metric_families(render(redis))
+        for s in f.samples
+        if s.name == "switchyard_spec_chosen_k_total"
+    ]
     assert {(s.labels["replica"], s.labels["k"]): s.value for s in samples} == {
         (str(auto.pk), "0"): 9,
         (str(auto.pk), "1"): 1,
@@ -177,10 +194,17 @@ def test_an_auto_replica_reports_the_k_it_chose(redis, deployment):
         "switchyard_spec_expected_speedup": (str(auto.pk), 1.5),
         "switchyard_spec_measured_speedup": (str(auto.pk), 1.2),
     }
-    seconds = {(s.labels["basis"], s.labels["side"]): s.value for s in samples
-               if s.name == "switchyard_spec_gain_seconds_total"}  # fmt: skip
-    assert seconds == {("expected", "plain"): 3.0, ("expected", "spent"): 2.0,
-                       ("measured", "plain"): 2.4, ("measured", "spent"): 2.0}  # fmt: skip
+    seconds = {
+        (s.labels["basis"], s.labels["side"]): s.value
+        for s in samples
+        if s.name == "switchyard_spec_gain_seconds_total"
+    }
+    assert seconds == {
+        ("expected", "plain"): 3.0,
+        ("expected", "spent"): 2.0,
+        ("measured", "plain"): 2.4,
+        ("measured", "spent"): 2.0,
+    }
 
 
 def test_a_replica_that_drafted_nothing_yet_has_no_acceptance_length(redis, deployment):
@@ -196,10 +220,14 @@ def test_a_point_shows_the_deployments_speculation_and_this_seconds_acceptance(r
     first = sample(redis, now=1000.0)["demo"]
     assert first["spec_acceptance_length"] is None  # nothing to compare with yet
     assert first["speculation"] == {
-        "num_drafts": 20, "drafted_per_position": [20, 17, 14], "accepted_per_position": [12, 6, 1],
-        "verify_seconds": 0.0, "draft_seconds": 0.0, "mean_acceptance_length": 1.95,
+        "num_drafts": 20,
+        "drafted_per_position": [20, 17, 14],
+        "accepted_per_position": [12, 6, 1],
+        "verify_seconds": 0.0,
+        "draft_seconds": 0.0,
+        "mean_acceptance_length": 1.95,
         "acceptance_per_position": [0.6, 0.3, 0.05],
-    }  # fmt: skip
+    }
     report(redis, one, "a", spec=speculative(14, [14, 12, 9], [11, 8, 4]))  # 4 runs, 11 accepted since
     p = sample(redis, now=1001.0)["demo"]
     assert p["spec_acceptance_length"] == 3.75
@@ -220,11 +248,15 @@ def tier_stats(dram_loaded=0, store_loaded=0, store_up=True, **dram) -> dict:
     counts = dict.fromkeys(("hits", "misses", "bytes_read", "bytes_written", "checksum_failures", "errors",
                             "evictions", "used_bytes", "capacity_bytes"), 0)  # fmt: skip
     return {
-        "tiers": {"dram": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": True, **dram},
-                  "store": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": store_up}},
+        "tiers": {
+            "dram": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": True, **dram},
+            "store": {**counts, "read_seconds": 0.0, "write_seconds": 0.0, "available": store_up},
+        },
         "blocks_loaded": {"dram": dram_loaded, "store": store_loaded, "disk": 0},  # the engine counts every kind
-        "load_seconds": 0.5, "dropped_writes": 2, "loads_inflight": 1,
-    }  # fmt: skip
+        "load_seconds": 0.5,
+        "dropped_writes": 2,
+        "loads_inflight": 1,
+    }
 
 
 def test_kv_tiers_are_rendered_per_tier_for_replicas_that_have_them(redis, deployment):
@@ -233,8 +265,12 @@ def test_kv_tiers_are_rendered_per_tier_for_replicas_that_have_them(redis, deplo
                                                 bytes_read=9 * 4096, checksum_failures=1, used_bytes=65536,
                                                 capacity_bytes=1 << 20, read_seconds=0.25))  # fmt: skip
     report(redis, plain, "b")
-    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
-               if s.name.startswith("switchyard_kv_tier_")]  # fmt: skip
+    samples = [
+        s
+        for f in text_string_to_metric_families(render(redis))
+        for s in f.samples
+        if s.name.startswith("switchyard_kv_tier_")
+    ]
     assert {s.labels["replica"] for s in samples} == {str(tiered.pk)}
     value = {(s.name, s.labels.get("tier")): s.value for s in samples}
     assert value[("switchyard_kv_tier_hits_total", "dram")] == 9
@@ -263,8 +299,12 @@ def test_each_ranks_memory_is_rendered_by_kind(redis, deployment):
     r = replica(deployment)
     ranks = [{"rank": i, "weights": 100 + i, "kv_cache": 200 + i, "other": 30 + i} for i in range(2)]
     report(redis, r, "a", rank_memory=ranks)
-    samples = [s for f in text_string_to_metric_families(render(redis)) for s in f.samples
-               if s.name == "switchyard_replica_rank_memory_bytes"]  # fmt: skip
+    samples = [
+        s
+        for f in text_string_to_metric_families(render(redis))
+        for s in f.samples
+        if s.name == "switchyard_replica_rank_memory_bytes"
+    ]
     value = {(s.labels["rank"], s.labels["kind"]): s.value for s in samples}
     assert value == {("0", "weights"): 100, ("0", "kv_cache"): 200, ("0", "other"): 30,
                      ("1", "weights"): 101, ("1", "kv_cache"): 201, ("1", "other"): 31}  # fmt: skip
@@ -275,8 +315,11 @@ def test_a_point_shows_the_hit_rate_by_cache_tier_since_the_replicas_started(red
     report(redis, tiered, "a", hits=20, queries=100, tiers=tier_stats(dram_loaded=30, store_loaded=10))
     report(redis, plain, "b", hits=10, queries=100)
     p = sample(redis, now=1000.0)["demo"]
-    assert p["cache_tiers"] == {"queries": 200, "blocks": {"device": 30, "dram": 30, "store": 10},
-                                "hit_rate": {"device": 0.15, "dram": 0.15, "store": 0.05}}  # fmt: skip
+    assert p["cache_tiers"] == {
+        "queries": 200,
+        "blocks": {"device": 30, "dram": 30, "store": 10},
+        "hit_rate": {"device": 0.15, "dram": 0.15, "store": 0.05},
+    }
     # Both restarted and have looked nothing up since: no rate to show, rather than 0%.
     report(redis, tiered, "c", tiers=tier_stats())
     report(redis, plain, "d")

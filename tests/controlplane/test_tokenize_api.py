@@ -147,8 +147,13 @@ def test_bad_input_is_a_400_naming_the_parameter(api):
     # vLLM's defaults spelt out are accepted.
     ok(api("/tokenize", {"model": "demo", "messages": CHAT, "continue_final_message": False, "chat_template": None,
                          "chat_template_kwargs": {}}))  # fmt: skip
-    for tokens, code in [(None, "missing"), ("1 2", "invalid_type"), ([1, 2.5], "invalid_type"),
-                         ([1, True], "invalid_type"), ([[1]], "invalid_type")]:  # fmt: skip
+    for tokens, code in [
+        (None, "missing"),
+        ("1 2", "invalid_type"),
+        ([1, 2.5], "invalid_type"),
+        ([1, True], "invalid_type"),
+        ([[1]], "invalid_type"),
+    ]:
         error(api("/detokenize", {"model": "demo", "tokens": tokens}), 400, "tokens", code)
     for out_of_vocab in (vocab, -1, 2**80):
         message = error(api("/detokenize", {"model": "demo", "tokens": [1, out_of_vocab]}), 400, "tokens")

@@ -162,8 +162,11 @@ def _chat(body: dict, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
         calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
         return message["content"] or "", calls, choice["finish_reason"]
     deltas = [c["choices"][0] for c in _sse(body) if c["choices"]]
-    calls = [(tc["function"]["name"], json.loads(tc["function"]["arguments"])) for d in deltas
-             for tc in d["delta"].get("tool_calls") or []]  # fmt: skip
+    calls = [
+        (tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+        for d in deltas
+        for tc in d["delta"].get("tool_calls") or []
+    ]
     content = "".join(d["delta"].get("content") or "" for d in deltas)
     return content, calls, next(d["finish_reason"] for d in deltas if d["finish_reason"])
 
@@ -185,8 +188,11 @@ def _messages(body, stream: bool) -> tuple[str, list[tuple[str, dict]], str]:
         return text, [(b["name"], b["input"]) for b in body["content"] if b["type"] == "tool_use"], body["stop_reason"]
     events = _sse(body)
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
-    names = [e["content_block"]["name"] for e in events if e["type"] == "content_block_start"
-             and e["content_block"]["type"] == "tool_use"]  # fmt: skip
+    names = [
+        e["content_block"]["name"]
+        for e in events
+        if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"
+    ]
     arguments = "".join(e["delta"].get("partial_json", "") for e in events if e["type"] == "content_block_delta")
     calls = [(name, json.loads(arguments)) for name in names]
     return text, calls, next(e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta")
@@ -229,8 +235,11 @@ async def test_a_forced_call_is_a_call_in_every_api_streamed_or_not(forced_outpu
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
                 for path, body, read, finish in asks:
                     for stream in (False, True):
-                        r = await http.post(path, headers={"Authorization": f"Bearer {key}"},
-                                            json={**body, "model": "turns", "stream": stream})  # fmt: skip
+                        r = await http.post(
+                            path,
+                            headers={"Authorization": f"Bearer {key}"},
+                            json={**body, "model": "turns", "stream": stream},
+                        )
                         assert r.status_code == 200, r.text
                         answers.append((path, stream, read(r.text if stream else r.json(), stream), finish))
     finally:

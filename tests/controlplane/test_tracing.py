@@ -50,8 +50,9 @@ def key(django_user_model):
 
 def post(client, key: str, **headers):
     extra = {f"HTTP_{k.upper()}": v for k, v in headers.items()}
-    return client.post("/v1/chat/completions", CHAT, content_type="application/json",
-                       HTTP_AUTHORIZATION=f"Bearer {key}", **extra)  # fmt: skip
+    return client.post(
+        "/v1/chat/completions", CHAT, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}", **extra
+    )
 
 
 def test_a_request_is_one_trace_joining_the_clients_with_its_phases_in_order(client, key, exporter):
@@ -69,8 +70,9 @@ def test_a_request_is_one_trace_joining_the_clients_with_its_phases_in_order(cli
     assert attrs["gen_ai.usage.input_tokens"] == 12 and attrs["gen_ai.usage.output_tokens"] == 5
     assert attrs["gen_ai.response.id"] == response.json()["id"] and attrs["switchyard.replica"] == replica
     assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
-    children = sorted((s for s in spans if s.parent and s.parent.span_id == root.context.span_id),
-                      key=lambda s: s.start_time)  # fmt: skip
+    children = sorted(
+        (s for s in spans if s.parent and s.parent.span_id == root.context.span_id), key=lambda s: s.start_time
+    )
     assert [s.name for s in children] == ["queue", "prefill", "decode"]
     queue, prefill, decode = children
     assert queue.end_time == prefill.start_time and prefill.end_time == decode.start_time
@@ -81,8 +83,12 @@ def test_a_request_is_one_trace_joining_the_clients_with_its_phases_in_order(cli
 
 
 def test_a_refused_request_ends_its_trace_with_the_error(client, key, exporter):
-    response = client.post("/v1/chat/completions", {**CHAT, "model": "nowhere"}, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {key}")  # fmt: skip
+    response = client.post(
+        "/v1/chat/completions",
+        {**CHAT, "model": "nowhere"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
     assert response.status_code == 404
     [span] = exporter.get_finished_spans()
     assert span.status.status_code.name == "ERROR" and "does not exist" in span.status.description
@@ -130,9 +136,14 @@ def test_a_request_that_moved_has_each_replica_s_phases_and_the_hop_between(expo
     clock.now = 100.2
     rt.moved({"from_replica": 1, "to_replica": 2, "after_tokens": 2}, lost_at=100.15)
     delta(300, timings={"queue_ms": 20.0, "prefill_ms": 50.0})
-    final = DeltaEvent("r", "", [2], finish_reason="length", usage={"prompt_tokens": 7, "completion_tokens": 4,
-                                                                    "cached_tokens": 3},
-                       timings={"queue_ms": 20.0, "prefill_ms": 50.0, "decode_ms": 90.0})  # fmt: skip
+    final = DeltaEvent(
+        "r",
+        "",
+        [2],
+        finish_reason="length",
+        usage={"prompt_tokens": 7, "completion_tokens": 4, "cached_tokens": 3},
+        timings={"queue_ms": 20.0, "prefill_ms": 50.0, "decode_ms": 90.0},
+    )
     delta(390, **{f: getattr(final, f) for f in ("finish_reason", "usage", "timings")})
     clock.now = 100.4
     tracing.finish(rt, "r", 2, final)
@@ -143,13 +154,21 @@ def test_a_request_that_moved_has_each_replica_s_phases_and_the_hop_between(expo
     at = lambda ns: round((ns - root.start_time) / 1e6, 3)  # noqa: E731  ms after the request's start
     drawn = [(s.name, dict(s.attributes).get("switchyard.replica"), at(s.start_time), at(s.end_time)) for s in children]
     assert drawn == [
-        ("queue", 1, 10.0, 20.0), ("prefill", 1, 20.0, 50.0), ("kv_transfer", 1, 45.0, 50.0),
-        ("decode", 1, 50.0, 150.0), ("failover", None, 150.0, 200.0),
-        ("queue", 2, 230.0, 250.0), ("prefill", 2, 250.0, 300.0), ("decode", 2, 300.0, 400.0),
-    ]  # fmt: skip
+        ("queue", 1, 10.0, 20.0),
+        ("prefill", 1, 20.0, 50.0),
+        ("kv_transfer", 1, 45.0, 50.0),
+        ("decode", 1, 50.0, 150.0),
+        ("failover", None, 150.0, 200.0),
+        ("queue", 2, 230.0, 250.0),
+        ("prefill", 2, 250.0, 300.0),
+        ("decode", 2, 300.0, 400.0),
+    ]
     hop = children[4]
-    assert dict(hop.attributes) == {"switchyard.from_replica": 1, "switchyard.to_replica": 2,
-                                    "switchyard.after_tokens": 2}  # fmt: skip
+    assert dict(hop.attributes) == {
+        "switchyard.from_replica": 1,
+        "switchyard.to_replica": 2,
+        "switchyard.after_tokens": 2,
+    }
     assert dict(children[6].attributes)["switchyard.cached_tokens"] == 3  # known where it ended
     assert "switchyard.cached_tokens" not in dict(children[1].attributes)
     attrs = dict(root.attributes)

@@ -38,8 +38,9 @@ def rc():
 
 
 def ask(client, key: str, n: int) -> dict:
-    response = client.post("/v1/chat/completions", {**CHAT, "n": n}, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {key}")  # fmt: skip
+    response = client.post(
+        "/v1/chat/completions", {**CHAT, "n": n}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}"
+    )
     assert response.status_code == 200, response.content
     return response.json()["usage"]
 

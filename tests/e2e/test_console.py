@@ -372,8 +372,13 @@ def test_the_playground_sends_tool_choice_and_response_format(page):
     page.get_by_role("button", name="Clear").click()
     page.get_by_label("Output").select_option("text")
     page.get_by_text('Tools (OpenAI "tools" JSON, optional)').click()
-    tool = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
     page.get_by_label("Tools", exact=True).fill(json.dumps([tool]))
     page.get_by_label("Tool choice").select_option("required")
     page.get_by_label("Message").fill("What time is it in Tokyo?")

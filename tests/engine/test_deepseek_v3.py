@@ -72,9 +72,14 @@ def test_chunked_prefill_and_preemption_change_nothing(checkpoint_factory):
 @pytest.mark.parametrize("n_group,topk_group", [(4, 2), (1, 1), (8, 3)])
 def test_routing_equals_the_reference_router(n_group, topk_group):
     config = transformers.DeepseekV3Config(
-        hidden_size=32, n_routed_experts=16, num_experts_per_tok=4, n_group=n_group, topk_group=topk_group,
-        routed_scaling_factor=2.827, norm_topk_prob=True,
-    )  # fmt: skip
+        hidden_size=32,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=2.827,
+        norm_topk_prob=True,
+    )
     torch.manual_seed(n_group)
     router = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter(config)
     with torch.no_grad():
@@ -259,9 +264,13 @@ def test_parallel_groups_match_transformers(checkpoint_factory, arch, tp, pp):
     model_dir = checkpoint_factory(arch)
     refs = [reference(model_dir, p) for p in PROMPTS]
     with LLM(
-        str(model_dir), dtype="float32", block_size=4, num_kv_blocks=20,
-        tensor_parallel_size=tp, pipeline_parallel_size=pp,
-    ) as llm:  # fmt: skip
+        str(model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=20,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+    ) as llm:
         first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
         assert llm.engine.scheduler.num_preemptions > 0
         again = llm.generate({"prompt_token_ids": PROMPTS[2]}, GREEDY)[0]

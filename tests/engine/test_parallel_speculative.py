@@ -28,9 +28,13 @@ def test_ngram_on_a_parallel_group_gives_the_single_device_tokens(checkpoint_fac
     want = generate(LLM(str(model_dir), dtype="float32", block_size=4), prompts, PARAMS)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, **EVERY_STEP}
     with LLM(
-        str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        str(model_dir),
+        dtype="float32",
+        block_size=4,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         speculative_config=spec,
-    ) as llm:  # fmt: skip
+    ) as llm:
         got = generate(llm, prompts, PARAMS)
         stats = llm.engine.speculation_stats()
         free = llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
@@ -63,9 +67,13 @@ def test_eagle3_on_a_parallel_group_drafts_as_on_one_device(checkpoint_factory, 
 
     one = LLM(str(model_dir), dtype="float32", block_size=4, speculative_config=spec)
     with LLM(
-        str(model_dir), dtype="float32", block_size=4, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        str(model_dir),
+        dtype="float32",
+        block_size=4,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         speculative_config=spec,
-    ) as llm:  # fmt: skip
+    ) as llm:
         drafts = first_drafts(llm)
         got = generate(llm, prompts, PARAMS)
         stats = llm.engine.speculation_stats()

@@ -236,8 +236,9 @@ def test_an_urgent_arrival_takes_the_budget_a_less_urgent_long_prompt_would_use(
 
 def test_forked_samples_charge_their_shared_prompt_once(llama_dir):
     engine = LLM(str(llama_dir), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64).engine
-    engine.add_request("r", list(range(10, 13)), SamplingParams(n=3, max_tokens=2, ignore_eos=True),
-                       share=Share(0, "t"))  # fmt: skip
+    engine.add_request(
+        "r", list(range(10, 13)), SamplingParams(n=3, max_tokens=2, ignore_eos=True), share=Share(0, "t")
+    )
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.scheduler.fair.served["t"] == [3, 6]  # 3 prompt tokens once, 2 tokens per sample

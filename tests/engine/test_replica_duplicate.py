@@ -14,8 +14,13 @@ def test_a_generate_received_twice_is_admitted_once(llama_dir):
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     spec = ReplicaSpec(replica_id=9321, deployment="dup", model=str(llama_dir), model_name="tiny", redis_url=url)
     server = ReplicaServer(spec, llm.engine)
-    message = {"type": "generate", "id": "dup-1", "reply_to": "switchyard:test:dup", "prompt_token_ids": [5, 6, 7],
-               "params": {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True}}  # fmt: skip
+    message = {
+        "type": "generate",
+        "id": "dup-1",
+        "reply_to": "switchyard:test:dup",
+        "prompt_token_ids": [5, 6, 7],
+        "params": {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True},
+    }
     server._admit(dict(message))
     server._admit(dict(message))
     accepted = [event for _, event in server._pending if isinstance(event, AcceptedEvent)]

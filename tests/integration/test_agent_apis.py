@@ -17,8 +17,12 @@ from tests.support.platform import DEMO, platform
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.django_db]
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
-           "parameters": WEATHER_SCHEMA}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": WEATHER_SCHEMA,
+}
 # The current Anthropic SDK has no `temperature` argument; the API (and this server) still read it.
 GREEDY = {"temperature": 0}
 CLAUDE_WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}
@@ -64,9 +68,12 @@ def test_a_response_answers_like_the_chat_endpoint(client):
         messages=[{"role": "system", "content": instructions}, {"role": "user", "content": question}],
     )
     items = client.responses.create(
-        model="demo", instructions=instructions, temperature=0, max_output_tokens=24,
+        model="demo",
+        instructions=instructions,
+        temperature=0,
+        max_output_tokens=24,
         input=[{"role": "user", "content": [{"type": "input_text", "text": question}]}],
-    )  # fmt: skip
+    )
     assert items.output_text == expected.choices[0].message.content and items.instructions == instructions
     # The chat request left the prompt's full blocks (16 tokens each) in the prefix cache.
     assert items.usage.input_tokens == expected.usage.prompt_tokens >= 32
@@ -88,11 +95,17 @@ def test_a_function_call_and_its_output_round_trip(client):
     (call,) = calls
     assert call.name == "get_weather" and call.call_id and call.status == "completed"
     jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
-    result = {"type": "function_call_output", "call_id": call.call_id,
-              "output": json.dumps({"city": "Paris", "temperature_c": 21, "condition": "sunny"})}  # fmt: skip
+    result = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": json.dumps({"city": "Paris", "temperature_c": 21, "condition": "sunny"}),
+    }
     # The whole conversation sent again (store=False: nothing is kept) ...
-    replay = [*ask, {"type": "function_call", "call_id": call.call_id, "name": call.name,
-                     "arguments": call.arguments}, result]  # fmt: skip
+    replay = [
+        *ask,
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        result,
+    ]
     answer = client.responses.create(
         model="demo", input=replay, tools=[WEATHER], temperature=0, max_output_tokens=48, store=False
     )
@@ -112,10 +125,18 @@ def test_streaming_events_build_the_response(client):
     whole = client.responses.create(**kwargs)
     events = list(client.responses.create(**kwargs, stream=True))
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]  # fmt: skip
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]  # fmt: skip
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text == events[-1].response.output_text
@@ -185,9 +206,12 @@ def test_json_schema_text_format(client):
 
     for i, schema in enumerate(SCHEMAS[:4]):
         response = client.responses.create(
-            model="demo", input="Answer in JSON.", max_output_tokens=96, temperature=0,
+            model="demo",
+            input="Answer in JSON.",
+            max_output_tokens=96,
+            temperature=0,
             text={"format": {"type": "json_schema", "name": f"schema_{i}", "schema": schema, "strict": True}},
-        )  # fmt: skip
+        )
         assert response.status == "completed", response.output_text
         jsonschema.validate(json.loads(response.output_text), schema)
         assert response.text.format.type == "json_schema"
@@ -217,11 +241,19 @@ def test_responses_refusals_are_openai_errors(stack, client):
 # -- Anthropic Messages --------------------------------------------------------------------------------
 def test_anthropic_messages_answer_like_the_chat_endpoint(client, claude):
     question = "What is the capital of Japan?"
-    chat = client.chat.completions.create(model="demo", messages=[{"role": "system", "content": "Be brief."},
-                                          {"role": "user", "content": question}], temperature=0,
-                                          max_tokens=24)  # fmt: skip
-    message = claude.messages.create(model="demo", max_tokens=24, system="Be brief.", extra_body=GREEDY,
-                                     messages=[{"role": "user", "content": question}])  # fmt: skip
+    chat = client.chat.completions.create(
+        model="demo",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=24,
+    )
+    message = claude.messages.create(
+        model="demo",
+        max_tokens=24,
+        system="Be brief.",
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": question}],
+    )
     assert message.id.startswith("msg_") and message.role == "assistant" and message.stop_reason == "end_turn"
     (block,) = message.content
     assert block.type == "text" and block.text == chat.choices[0].message.content and "Tokyo" in block.text
@@ -234,8 +266,13 @@ def test_anthropic_messages_answer_like_the_chat_endpoint(client, claude):
     assert counted.input_tokens == chat.usage.prompt_tokens
     short = claude.messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": question}])
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
-    stopped = claude.messages.create(model="demo", max_tokens=24, stop_sequences=["capital"], extra_body=GREEDY,
-                                     messages=[{"role": "user", "content": question}])  # fmt: skip
+    stopped = claude.messages.create(
+        model="demo",
+        max_tokens=24,
+        stop_sequences=["capital"],
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": question}],
+    )
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "capital"
     assert stopped.content[0].text == "The "
 
@@ -247,12 +284,18 @@ def test_anthropic_tool_use_round_trip(claude):
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_") and use.input == {"city": "Paris"}
-    result = {"type": "tool_result", "tool_use_id": use.id,
-              "content": json.dumps({"city": "Paris", "temperature_c": 21, "condition": "sunny"})}  # fmt: skip
+    result = {
+        "type": "tool_result",
+        "tool_use_id": use.id,
+        "content": json.dumps({"city": "Paris", "temperature_c": 21, "condition": "sunny"}),
+    }
     answer = claude.messages.create(
-        model="demo", max_tokens=48, extra_body=GREEDY, tools=[CLAUDE_WEATHER],
+        model="demo",
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[CLAUDE_WEATHER],
         messages=[ask, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}],
-    )  # fmt: skip
+    )
     assert answer.stop_reason == "end_turn" and "21" in answer.content[0].text
     # A named tool is forced the same way.
     named = claude.messages.create(
@@ -267,8 +310,12 @@ def test_anthropic_tool_use_round_trip(claude):
 
 
 def test_anthropic_streaming(claude):
-    kwargs = {"model": "demo", "max_tokens": 32, "extra_body": GREEDY,
-              "messages": [{"role": "user", "content": "Who are you?"}]}  # fmt: skip
+    kwargs = {
+        "model": "demo",
+        "max_tokens": 32,
+        "extra_body": GREEDY,
+        "messages": [{"role": "user", "content": "Who are you?"}],
+    }
     whole = claude.messages.create(**kwargs)
     with claude.messages.stream(**kwargs) as stream:
         text = "".join(stream.text_stream)
@@ -279,9 +326,14 @@ def test_anthropic_streaming(claude):
     assert raw[0] == "message_start" and raw[-2:] == ["message_delta", "message_stop"]
     assert raw[1] == "content_block_start" and "content_block_delta" in raw and "content_block_stop" in raw
     # A tool call streams as a tool_use block of input_json_delta.
-    with claude.messages.stream(model="demo", max_tokens=64, extra_body=GREEDY, tools=[CLAUDE_WEATHER],
-                                tool_choice={"type": "any"},
-                                messages=[{"role": "user", "content": "Weather in Oslo?"}]) as stream:  # fmt: skip
+    with claude.messages.stream(
+        model="demo",
+        max_tokens=64,
+        extra_body=GREEDY,
+        tools=[CLAUDE_WEATHER],
+        tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+    ) as stream:
         events = list(stream)
         final = stream.get_final_message()
     assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
@@ -312,5 +364,9 @@ def test_anthropic_auth_and_errors(stack, claude):
         claude.messages.create(model="no-such-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert err.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.BadRequestError):
-        claude.messages.create(model="demo", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
-                               tools=[{"type": "web_search_20250305", "name": "web_search"}])  # fmt: skip
+        claude.messages.create(
+            model="demo",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )

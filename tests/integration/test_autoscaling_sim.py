@@ -28,8 +28,9 @@ def test_a_step_of_load_scales_a_simulated_deployment_up_then_down_after_the_coo
     from controlplane.gateway.services import create_api_key
 
     node, port = f"auto-{uuid.uuid4().hex[:4]}", free_port()
-    env = stack_env(tmp_path, CPU_REPLICAS_PER_DEVICE="4", AUTOSCALE_INTERVAL="2", TELEMETRY_INTERVAL="1",
-                    RECONCILE_INTERVAL="2")  # fmt: skip
+    env = stack_env(
+        tmp_path, CPU_REPLICAS_PER_DEVICE="4", AUTOSCALE_INTERVAL="2", TELEMETRY_INTERVAL="1", RECONCILE_INTERVAL="2"
+    )
     owner = get_user_model().objects.create_user("auto", is_staff=True)
     _, key = create_api_key(name="k", owner=owner)
     model = demo_model()
@@ -48,9 +49,11 @@ def test_a_step_of_load_scales_a_simulated_deployment_up_then_down_after_the_coo
             while not stop_load.is_set():
                 try:
                     answer = client.chat.completions.create(
-                        model="auto", messages=[{"role": "user", "content": f"client {i}"}], max_tokens=48,
+                        model="auto",
+                        messages=[{"role": "user", "content": f"client {i}"}],
+                        max_tokens=48,
                         extra_body={"ignore_eos": True},
-                    )  # fmt: skip
+                    )
                     results.append(answer.usage.completion_tokens)
                 except Exception as exc:  # every failure is reported below
                     errors.append(repr(exc))

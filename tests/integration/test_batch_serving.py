@@ -101,8 +101,13 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
     node, port = f"batch-{uuid.uuid4().hex[:4]}", free_port()
     broker = RedisServer(cwd=tmp_path)  # its own, to restart
     broker.start()
-    env = stack_env(tmp_path, CPU_REPLICAS_PER_DEVICE="2", REPLICA_CPU_THREADS="1", BATCH_DISPATCH_INTERVAL="1",
-                    REDIS_URL=broker.url)  # fmt: skip
+    env = stack_env(
+        tmp_path,
+        CPU_REPLICAS_PER_DEVICE="2",
+        REPLICA_CPU_THREADS="1",
+        BATCH_DISPATCH_INTERVAL="1",
+        REDIS_URL=broker.url,
+    )
     _, key = create_api_key(name="k", owner=get_user_model().objects.create_user("batch-owner"))
     with broker_stopped(broker), processes(tmp_path, node, env, web_port=port, beat=True) as procs:
         wait_online(node)
@@ -111,11 +116,15 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
         alone = {
             i: client.chat.completions.create(
-                model="sim", messages=[{"role": "user", "content": f"Summarise document {i}."}], max_tokens=MAX_TOKENS,
+                model="sim",
+                messages=[{"role": "user", "content": f"Summarise document {i}."}],
+                max_tokens=MAX_TOKENS,
                 temperature=0,
-            ).choices[0].message.content
+            )
+            .choices[0]
+            .message.content
             for i in (0, 7, 29)
-        }  # fmt: skip
+        }
 
         # 1. A plain batch.
         batch = finished(client, run_batch(client, 12).id, 60)
@@ -126,8 +135,12 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
         batch = run_batch(client, n)
         lines = BatchLine.objects.filter(batch_id=batch.id)
         # Killed while lines are in flight, some answered already.
-        wait_for(lambda: lines.filter(state="done").count() >= 10 and lines.filter(state="sent").exists(), 60,
-                 "10 lines answered and more in flight", interval=0.05)  # fmt: skip
+        wait_for(
+            lambda: lines.filter(state="done").count() >= 10 and lines.filter(state="sent").exists(),
+            60,
+            "10 lines answered and more in flight",
+            interval=0.05,
+        )
         victim = Replica.objects.filter(deployment__slug="sim", state="ready").order_by("id").first()
         os.kill(victim.pid, signal.SIGKILL)
         control = procs[0]  # processes() starts the control worker first
@@ -135,8 +148,13 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
         control.wait(10)
         # Its supervisor starts it again (make run, systemd and Kubernetes all do).
         with open(tmp_path / "control-2.log", "wb") as log:
-            again = subprocess.Popen(control.args, cwd=ROOT, env={**env, "GATEWAY_URL": f"http://127.0.0.1:{port}"},
-                                     stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            again = subprocess.Popen(
+                control.args,
+                cwd=ROOT,
+                env={**env, "GATEWAY_URL": f"http://127.0.0.1:{port}"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 before = client.batches.retrieve(batch.id).request_counts.completed
                 assert before < n, "the batch ended before the kills: make it longer"
@@ -152,8 +170,12 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
                 # in flight broke; it sends them again once the web answers.
                 batch = run_batch(client, 60)
                 lines = BatchLine.objects.filter(batch_id=batch.id)
-                wait_for(lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(), 60,
-                         "5 lines answered and more in flight", interval=0.05)  # fmt: skip
+                wait_for(
+                    lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(),
+                    60,
+                    "5 lines answered and more in flight",
+                    interval=0.05,
+                )
                 web = next(p for p in procs if "uvicorn" in p.args)
                 os.kill(web.pid, signal.SIGKILL)
                 web.wait(10)
@@ -170,8 +192,12 @@ def test_a_batch_survives_a_replica_the_control_worker_the_web_and_redis_being_k
                     # (the gateway answered 503) and went out again once every process reconnected.
                     batch = run_batch(client, 60)
                     lines = BatchLine.objects.filter(batch_id=batch.id)
-                    wait_for(lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(),
-                             60, "5 lines answered and more in flight", interval=0.05)  # fmt: skip
+                    wait_for(
+                        lambda: lines.filter(state="done").count() >= 5 and lines.filter(state="sent").exists(),
+                        60,
+                        "5 lines answered and more in flight",
+                        interval=0.05,
+                    )
                     broker.kill()
                     wait_for(lambda: lines.filter(attempts__gt=1).exists(), 30, "a broken line to be sent again")
                     broker.start()

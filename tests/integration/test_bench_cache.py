@@ -19,8 +19,11 @@ KEYS = {"hit_rate", "ideal_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "tok_s", "im
 def test_quick_cache_bench_reports_session_affinity_above_round_robin():
     out = subprocess.run(
         [sys.executable, "-m", "workers.bench", "cache", "--quick", "--json", "--policies", "round_robin,session"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout  # --json: nothing but the JSON line

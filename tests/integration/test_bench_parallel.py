@@ -15,8 +15,12 @@ def test_parallel_bench_quick_prints_its_json(tmp_path):
     env = {**os.environ, "SWITCHYARD_CACHE": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "workers.bench", "parallel", "--quick", "--json"],
-        capture_output=True, text=True, env=env, timeout=580, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=580,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     runs = result["runs"]

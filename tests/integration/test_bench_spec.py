@@ -23,8 +23,11 @@ METHODS = ["none", "ngram", "eagle3", "auto"] if HAS_DRAFT else ["none", "ngram"
 def bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "workers.bench", "spec", "--quick", "--no-stack", "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_quick_spec_bench_reports_every_run_with_outputs_identical_to_no_speculation():

@@ -285,8 +285,12 @@ def test_a_stopped_replica_leaves_routing_and_its_streams_resume(stack, undistur
         wait_for(lambda: not _fresh(replica_status(victim)), 10, "the stopped replica's heartbeat to go stale")
         headers = {"Authorization": f"Bearer {stack.key}"}
         for _ in range(4):
-            r = httpx.post(stack.base + "/v1/completions", headers=headers, timeout=30,
-                           json={"model": "pair", "prompt": "Hello", "max_tokens": 2})  # fmt: skip
+            r = httpx.post(
+                stack.base + "/v1/completions",
+                headers=headers,
+                timeout=30,
+                json={"model": "pair", "prompt": "Hello", "max_tokens": 2},
+            )
             assert r.status_code == 200 and r.headers["x-switchyard-replica"] == str(survivor)
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -483,8 +487,10 @@ def test_a_disaggregated_request_that_failed_over_is_one_trace_with_each_replica
             return roots[0] if done else None
 
         root = wait_for(trace, 10, "the trace of the request that moved")
-    children = sorted((s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
-                      key=lambda s: (s.start_time_unix_nano, s.end_time_unix_nano))  # fmt: skip
+    children = sorted(
+        (s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
+        key=lambda s: (s.start_time_unix_nano, s.end_time_unix_nano),
+    )
     on = {r: {s.name: s for s in children if _attributes(s).get("switchyard.replica") == r} for r in (victim, survivor)}
     assert set(on[victim]) == {"queue", "prefill", "kv_transfer", "decode"}, [s.name for s in children]
     # The survivor prefills the prompt and the tokens so far itself (a prefill replica would not

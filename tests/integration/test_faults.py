@@ -49,8 +49,12 @@ def _deploy(platform, replicas: int):
     """Through the management API: the web process's Celery app (unlike this process's) sends
     the reconcile to this stack's Redis."""
     body = {"slug": "demo", "model": platform.model.name, "replicas": replicas, "max_num_seqs": 32}
-    created = httpx.post(f"{platform.base}/api/v1/deployments/", json=body, timeout=30,
-                         headers={"Authorization": f"Bearer {platform.token}"})  # fmt: skip
+    created = httpx.post(
+        f"{platform.base}/api/v1/deployments/",
+        json=body,
+        timeout=30,
+        headers={"Authorization": f"Bearer {platform.token}"},
+    )
     assert created.status_code == 201, created.text
     return wait_ready(created.json()["slug"], replicas, 120)
 

@@ -90,8 +90,11 @@ QWEN_TEMPLATE = """{%- if tools %}
 """  # noqa: E501
 
 TOOLS = tool_schemas()[:3]
-CALL = {"id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Lima"})}}  # fmt: skip
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Lima"})},
+}
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "What is the weather in Lima? Naïve café 東京 🚀"},

@@ -194,13 +194,20 @@ def test_a_second_run_serves_with_the_same_admin_password_and_api_key(state):
         # Its own mooncake_master, which the control plane knows: a cache policy may use the store.
         assert f"started kvstore: mooncake_master on 127.0.0.1:{env['KV_STORE_PORT']}" in run.output
         assert "started kvpool: 512 MiB of KV store memory" in run.output  # the store's memory
-        policy = httpx.post(f"{info['url']}api/v1/cache-policies/", json={"name": "shared", "store_tier": True},
-                            headers={"Authorization": f"Bearer {management_token(env)}"}, timeout=30)  # fmt: skip
+        policy = httpx.post(
+            f"{info['url']}api/v1/cache-policies/",
+            json={"name": "shared", "store_tier": True},
+            headers={"Authorization": f"Bearer {management_token(env)}"},
+            timeout=30,
+        )
         assert policy.status_code == 201, policy.text
         with httpx.Client(base_url=info["url"], timeout=30) as console:  # the printed password signs in
             console.get("/api/v1/auth/me/")
-            signed_in = console.post("/api/v1/auth/login/", headers={"X-CSRFToken": console.cookies["csrftoken"]},
-                                     json={"username": "admin", "password": first["admin_password"]})  # fmt: skip
+            signed_in = console.post(
+                "/api/v1/auth/login/",
+                headers={"X-CSRFToken": console.cookies["csrftoken"]},
+                json={"username": "admin", "password": first["admin_password"]},
+            )
             assert signed_in.status_code == 200, signed_in.text
         stop_cleanly(run, state_dir, signal.SIGTERM)
         assert_nothing_locked(state_dir)
@@ -223,8 +230,11 @@ def test_a_killed_control_worker_and_node_agent_are_restarted_and_the_stack_keep
         token = management_token(env)
 
         def heartbeat_after(moment: datetime):
-            nodes = httpx.get(f"{info['url']}api/v1/nodes/?name={env['SWITCHYARD_NODE']}", timeout=10,
-                              headers={"Authorization": f"Bearer {token}"}).json()["results"]  # fmt: skip
+            nodes = httpx.get(
+                f"{info['url']}api/v1/nodes/?name={env['SWITCHYARD_NODE']}",
+                timeout=10,
+                headers={"Authorization": f"Bearer {token}"},
+            ).json()["results"]
             return nodes and datetime.fromisoformat(nodes[0]["last_heartbeat"]) > moment
 
         # The control worker: killed, restarted after 1 s, and applying the agent's reports again
@@ -242,8 +252,11 @@ def test_a_killed_control_worker_and_node_agent_are_restarted_and_the_stack_keep
         (agent,) = run.children("workers.agent")
         agent.kill()
         run.wait_line(r"^\[switchyard\] agent exited with code -9; restarting in 1s", 30)
-        wait_for(lambda: b"adopted replicas [" in (logs / "agent.log").read_bytes()[agent_log_size:], 60,
-                 "the new agent to adopt the running replica")  # fmt: skip
+        wait_for(
+            lambda: b"adopted replicas [" in (logs / "agent.log").read_bytes()[agent_log_size:],
+            60,
+            "the new agent to adopt the running replica",
+        )
         assert_serves(info["url"], first["api_key"])  # the key of the first run, in the third
         stop_cleanly(run, state_dir)
         assert_nothing_locked(state_dir)
@@ -253,8 +266,13 @@ def test_a_killed_control_worker_and_node_agent_are_restarted_and_the_stack_keep
 
 def test_a_run_whose_replica_cannot_serve_says_what_failed_and_exits_non_zero(tmp_path):
     state_dir = tmp_path / "state"
-    env = run_env(state_dir, REPLICA_COMMAND="{python} -c 'raise SystemExit(7)'", REPLICA_MAX_RESTARTS="1",
-                  REPLICA_BACKOFF_SECONDS="0.2", REPLICA_FAILURE_BUDGET="2")  # fmt: skip
+    env = run_env(
+        state_dir,
+        REPLICA_COMMAND="{python} -c 'raise SystemExit(7)'",
+        REPLICA_MAX_RESTARTS="1",
+        REPLICA_BACKOFF_SECONDS="0.2",
+        REPLICA_FAILURE_BUDGET="2",
+    )
     try:
         run = MakeRun(env, state_dir)
         code = run.proc.wait(timeout=RUNNING_WITHIN)

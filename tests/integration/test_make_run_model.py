@@ -61,8 +61,12 @@ def test_make_run_serves_a_model_directory_and_the_openai_client_calls_it(tmp_pa
             f"{url}tokenize", headers=auth, timeout=30, json={"model": "tiny-llama", "messages": messages}
         ).json()
         assert counted["count"] == chat.usage.prompt_tokens and counted["max_model_len"] == 256
-        counted = httpx.post(f"{url}v1/tokenize", headers=auth, timeout=30,
-                             json={"model": "tiny-llama", "prompt": "Prefill is compute bound;"}).json()  # fmt: skip
+        counted = httpx.post(
+            f"{url}v1/tokenize",
+            headers=auth,
+            timeout=30,
+            json={"model": "tiny-llama", "prompt": "Prefill is compute bound;"},
+        ).json()
         assert counted["count"] == text.usage.prompt_tokens
         stop_cleanly(run, state_dir)
     finally:

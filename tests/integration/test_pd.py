@@ -66,9 +66,13 @@ def generate(client, replica: int, prompt: list[int], prefill: int | None = None
     pubsub = client.pubsub()
     pubsub.subscribe(channel)
     pubsub.get_message(timeout=1)
-    message = {"type": "generate", "id": rid, "reply_to": channel, "prompt_token_ids": prompt,
-               "params": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1,
-                          **params}}  # fmt: skip
+    message = {
+        "type": "generate",
+        "id": rid,
+        "reply_to": channel,
+        "prompt_token_ids": prompt,
+        "params": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1, **params},
+    }
     if prefill is not None:
         message["prefill"] = {"replica_id": prefill}
     started = time.monotonic()
@@ -179,8 +183,13 @@ def test_sigterm_drains_a_replica_in_flight_work_finishes_new_work_is_refused(re
     pubsub = client.pubsub()
     pubsub.subscribe("drain-test")
     pubsub.get_message(timeout=1)
-    long = {"type": "generate", "id": "long", "reply_to": "drain-test", "prompt_token_ids": LONG,
-            "params": {"temperature": 0.0, "max_tokens": 800, "ignore_eos": True}}  # fmt: skip
+    long = {
+        "type": "generate",
+        "id": "long",
+        "reply_to": "drain-test",
+        "prompt_token_ids": LONG,
+        "params": {"temperature": 0.0, "max_tokens": 800, "ignore_eos": True},
+    }
     client.xadd(protocol.requests_key(COLOCATED), {"m": json.dumps(long)})
     first = None
     while first is None:  # wait until it is running

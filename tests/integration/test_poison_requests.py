@@ -143,8 +143,11 @@ def test_a_request_the_engine_fails_on_fails_once_and_the_others_finish(stack):
     # Failed where it was sent, once each: not resumed on the other replica (it would fail again there).
     # Each replica counted its errors before the client heard of them: read after a newer heartbeat.
     answered = time.time()
-    wait_for(lambda: all(float(replica_status(i).get("heartbeat") or 0) > answered for i in pids), 10,
-             "a heartbeat of each replica after the answers")  # fmt: skip
+    wait_for(
+        lambda: all(float(replica_status(i).get("heartbeat") or 0) > answered for i in pids),
+        10,
+        "a heartbeat of each replica after the answers",
+    )
     assert metric(stack.base, "switchyard_engine_request_errors_total", deployment="pair") == errors_before + 2
     assert metric(stack.base, "switchyard_requests_resumed_total", deployment="pair") == resumed_before
     assert serving(stack) == pids and crashes(stack) == [] and status(stack) == "running"
@@ -164,8 +167,11 @@ def test_a_request_that_crashes_replicas_fails_after_two_deaths_and_the_deployme
     assert first["counted"] is True and first["request_id"] is None  # nobody could suspect it yet
     assert second["counted"] is False and second["request_id"] == rid
     assert metric(stack.base, "switchyard_poison_requests_total", deployment="pair") == 1
-    wait_for(lambda: metric(stack.base, "switchyard_replica_crashes_total", deployment="pair") == 2, 10,
-             "the crashes to be counted")  # fmt: skip
+    wait_for(
+        lambda: metric(stack.base, "switchyard_replica_crashes_total", deployment="pair") == 2,
+        10,
+        "the crashes to be counted",
+    )
     assert metric(stack.base, "switchyard_replica_crashes_total", deployment="pair", attributed="true") == 1
     # The first replica was given up on and replaced, the second restarted: both serve again, the
     # deployment never failed, and no third replica died of the request.

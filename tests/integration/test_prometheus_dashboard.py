@@ -43,12 +43,17 @@ def test_prometheus_answers_every_dashboard_query_from_a_running_stack(tmp_path)
     )
     with processes(tmp_path, node, env, web_port=port):
         wait_online(node)
-        create_deployment({"slug": "chat", "model": demo_model(), "replicas": 1, "speculative_method": "ngram",
-                           "speculative_k": 3})  # fmt: skip
+        create_deployment(
+            {"slug": "chat", "model": demo_model(), "replicas": 1, "speculative_method": "ngram", "speculative_k": 3}
+        )
         wait_ready("chat", 1, 120)
         log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed by stop()
-        args = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}"]  # fmt: skip
+        args = [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ]
         prom = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         api = f"http://127.0.0.1:{prom_port}/api/v1/query"
         try:

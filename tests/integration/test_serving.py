@@ -31,8 +31,12 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     """A running platform with the `demo` deployment ready, and API keys to call it."""
     env = {"REPLICA_MAX_RESTARTS": "3", "PD_LOCAL_PREFILL_TOKENS": "0"}
     deployments = [DEMO, {"slug": "other", "replicas": 0}, DEMO_PD]
-    keys = {"key": {}, "limited": {"allowed_deployments": ["other"]}, "slow": {"rpm_limit": 1},
-            "thrifty": {"tpm_limit": 20}}  # fmt: skip
+    keys = {
+        "key": {},
+        "limited": {"allowed_deployments": ["other"]},
+        "slow": {"rpm_limit": 1},
+        "thrifty": {"tpm_limit": 20},
+    }
     with platform(django_db_blocker, tmp_path_factory, "serving", deployments=deployments, keys=keys, env=env,
                   staff=True, session=True) as p:  # fmt: skip
         yield p
@@ -289,8 +293,13 @@ def test_websocket_takes_a_key_without_origin_and_says_why_it_refuses(stack):
 
 def _post(stack, path, body, key="default", **kwargs):
     headers = {} if key is None else {"Authorization": f"Bearer {stack.key if key == 'default' else key}"}
-    return httpx.post(stack.base + path, content=body if isinstance(body, bytes) else json.dumps(body),
-                      headers={**headers, "Content-Type": "application/json"}, timeout=30, **kwargs)  # fmt: skip
+    return httpx.post(
+        stack.base + path,
+        content=body if isinstance(body, bytes) else json.dumps(body),
+        headers={**headers, "Content-Type": "application/json"},
+        timeout=30,
+        **kwargs,
+    )
 
 
 def _error(response) -> dict:

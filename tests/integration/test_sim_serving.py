@@ -80,8 +80,9 @@ def test_a_simulated_deployment_serves_through_the_gateway(tmp_path):
         assert streamed == next(iter(by_question[0]))
 
         def finished() -> int | None:  # every request counted once, over the replicas' heartbeats
-            counts = [json.loads(replica_status(r.pk).get("metrics") or "{}").get("requests_finished", 0)
-                      for r in replicas]  # fmt: skip
+            counts = [
+                json.loads(replica_status(r.pk).get("metrics") or "{}").get("requests_finished", 0) for r in replicas
+            ]
             return sum(counts) if sum(counts) == 41 else None
 
         wait_for(finished, 10, "the replicas' heartbeats to count the 41 requests")

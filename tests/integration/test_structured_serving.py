@@ -79,9 +79,12 @@ def test_json_object_and_the_parse_helper(client):
     )
     assert isinstance(parsed.choices[0].message.parsed, City)
     answer = client.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_object"},
-        temperature=0, max_tokens=128,
-    )  # fmt: skip
+        model="demo",
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=128,
+    )
     choice = answer.choices[0]
     if choice.finish_reason == "stop":  # the tiny model may ramble in a key until max_tokens
         assert isinstance(json.loads(choice.message.content), dict)
@@ -110,9 +113,13 @@ def test_tool_choice_required_always_yields_a_valid_tool_call(client, stream):
         else:
             assert (call.name, arguments) == ("get_time", {})
     named = client.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER, CLOCK], temperature=0,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=96,
-    )  # fmt: skip
+        model="demo",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[WEATHER, CLOCK],
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=96,
+    )
     (call,) = named.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
@@ -123,9 +130,12 @@ def test_structured_outputs_regex_choice_and_grammar(client):
                                       extra_body={"structured_outputs": {"regex": r"[A-Z]{2}-\d{3}"}})  # fmt: skip
     assert re.fullmatch(r"[A-Z]{2}-\d{3}", regex.choices[0].text) and regex.choices[0].finish_reason == "stop"
     choice = client.chat.completions.create(
-        model="demo", messages=[{"role": "user", "content": "Is Paris in France?"}], temperature=0, max_tokens=8,
+        model="demo",
+        messages=[{"role": "user", "content": "Is Paris in France?"}],
+        temperature=0,
+        max_tokens=8,
         extra_body={"structured_outputs": {"choice": ["yes", "no", "perhaps"]}},
-    )  # fmt: skip
+    )
     assert choice.choices[0].message.content in ("yes", "no", "perhaps")
     ebnf = 'root ::= "(" [0-9]{1,2} (", " [0-9]{1,2}){0,2} ")"'
     grammar = client.chat.completions.create(
@@ -182,19 +192,34 @@ def test_a_disaggregated_request_with_a_grammar_is_one_trace_and_inspected(stack
     from tests.support.otlp import otlp_receiver
     from tests.support.stack import wait_for
 
-    with otlp_receiver() as (endpoint, spans), stack.web("web-traced", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-                                                         OTEL_BSP_SCHEDULE_DELAY="100") as base:  # fmt: skip
-        body = {"model": "demo-pd", "messages": ASK, "response_format": json_schema(4), "temperature": 0,
-                "max_tokens": 64}  # fmt: skip
-        response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60,
-                              headers={"Authorization": f"Bearer {stack.keys['key']}"})  # fmt: skip
+    with (
+        otlp_receiver() as (endpoint, spans),
+        stack.web("web-traced", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="100") as base,
+    ):
+        body = {
+            "model": "demo-pd",
+            "messages": ASK,
+            "response_format": json_schema(4),
+            "temperature": 0,
+            "max_tokens": 64,
+        }
+        response = httpx.post(
+            f"{base}/v1/chat/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {stack.keys['key']}"},
+        )
         assert response.status_code == 200, response.text
         assert response.headers.get("x-switchyard-prefill-replica")
         rid = response.json()["id"]
 
         def trace():
-            roots = [s for s in spans if not s.parent_span_id and any(
-                a.key == "gen_ai.response.id" and a.value.string_value == rid for a in s.attributes)]  # fmt: skip
+            roots = [
+                s
+                for s in spans
+                if not s.parent_span_id
+                and any(a.key == "gen_ai.response.id" and a.value.string_value == rid for a in s.attributes)
+            ]
             return (
                 roots[0]
                 if roots and any(s.trace_id == roots[0].trace_id and s.name == "decode" for s in spans)
@@ -202,8 +227,10 @@ def test_a_disaggregated_request_with_a_grammar_is_one_trace_and_inspected(stack
             )
 
         root = wait_for(trace, 10, f"the trace of {rid}")
-    children = sorted((s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
-                      key=lambda s: s.start_time_unix_nano)  # fmt: skip
+    children = sorted(
+        (s for s in spans if s.trace_id == root.trace_id and s.parent_span_id == root.span_id),
+        key=lambda s: s.start_time_unix_nano,
+    )
     names = [s.name for s in children]
     assert set(names) == {"grammar", "queue", "prefill", "kv_transfer", "decode"}, names
     assert names.index("grammar") < names.index("queue") < names.index("prefill") < names.index("decode")

@@ -37,8 +37,12 @@ def test_tokenize_counts_the_prompt_tokens_a_completion_reports(stack):
     text = client.completions.create(model="demo", prompt=prompt, max_tokens=4, temperature=0)
     counted = tokenize(prompt=prompt)
     assert counted["count"] == text.usage.prompt_tokens == len(counted["tokens"])
-    back = httpx.post(f"{base}/detokenize", json={"model": "demo", "tokens": counted["tokens"]}, timeout=30,
-                      headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    back = httpx.post(
+        f"{base}/detokenize",
+        json={"model": "demo", "tokens": counted["tokens"]},
+        timeout=30,
+        headers={"Authorization": f"Bearer {key}"},
+    )
     assert back.json() == {"prompt": prompt}
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Lima?"}]

@@ -17,8 +17,12 @@ from workers.protocol.replica import AcceptedEvent, DeltaEvent, ReplicaStatus
 
 
 @contextmanager
-def played_replica(client: redis.Redis, replica_id: int, incarnation: str = "played-1",
-                   answer: Callable[[str, int], list] | None = None) -> Iterator[list[dict]]:  # fmt: skip
+def played_replica(
+    client: redis.Redis,
+    replica_id: int,
+    incarnation: str = "played-1",
+    answer: Callable[[str, int], list] | None = None,
+) -> Iterator[list[dict]]:
     """Play replica `replica_id` (its row must be ready) until the block ends; yields the list of
     `generate` messages it has read, in order. `client` decodes responses. `answer(request id,
     prompt tokens)`: the events sent after `accepted` (by default one final token)."""

@@ -79,8 +79,13 @@ def agent_env(env: dict) -> dict:
 
 def start_agent(state_dir: Path, node: str, env: dict, log_name: str = "agent") -> tuple[subprocess.Popen, object]:
     logf = open(state_dir / f"{log_name}.log", "ab")  # noqa: SIM115 - closed by the caller's stop()
-    proc = subprocess.Popen([*AGENT_COMMAND, node], cwd=ROOT, env=agent_env({**env, "SWITCHYARD_NODE": node}),
-                            stdout=logf, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [*AGENT_COMMAND, node],
+        cwd=ROOT,
+        env=agent_env({**env, "SWITCHYARD_NODE": node}),
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+    )
     return proc, logf
 
 

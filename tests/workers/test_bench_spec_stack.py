@@ -22,8 +22,11 @@ def test_a_summary_counts_what_completed_and_spreads_each_request_s_tokens_over_
     out = summary(chats, seconds=2.0)
     assert out == {"rps": 2.0, "ttft_p50_ms": pytest.approx(100.0), "itl_p50_ms": 100.0, "failed": 1}
     assert summary([Chat(start=0.0, error="timeout")], 1.0) == {
-        "rps": 0.0, "ttft_p50_ms": None, "itl_p50_ms": None, "failed": 1
-    }  # fmt: skip
+        "rps": 0.0,
+        "ttft_p50_ms": None,
+        "itl_p50_ms": None,
+        "failed": 1,
+    }
 
 
 def test_percentile_is_nearest_rank_and_refuses_a_percent():

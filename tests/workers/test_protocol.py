@@ -87,16 +87,26 @@ def test_an_event_is_read_by_its_type(name):
 def test_the_wire_keeps_its_shape():
     """The JSON both ends have always exchanged, plus `version`."""
     assert MESSAGES["resumed"].to_wire() == {
-        "type": "generate", "id": "cmpl-1-r1.0", "reply_to": "gw:1", "version": 1, "params": PARAMS.to_wire(),
-        "prompt_token_ids": [1, 2, 3, 4], "prefill": {"replica_id": 3},
+        "type": "generate",
+        "id": "cmpl-1-r1.0",
+        "reply_to": "gw:1",
+        "version": 1,
+        "params": PARAMS.to_wire(),
+        "prompt_token_ids": [1, 2, 3, 4],
+        "prefill": {"replica_id": 3},
         "resume": {"output_tokens": 2, "text_sent": 5},
-    }  # fmt: skip
+    }
     assert MESSAGES["delta"].to_wire() == {"type": "delta", "id": "cmpl-1", "version": 1, "text": "Hé",
                                            "token_ids": [7], "t": 1700000000.123456}  # fmt: skip
     last = MESSAGES["delta-last"].to_wire()
     assert {"finish_reason", "stop_reason", "usage", "timings", "disaggregation"} <= set(last)
-    assert MESSAGES["error-plain"].to_wire() == {"type": "error", "id": "cmpl-1", "version": 1, "status": 503,
-                                                 "message": "replica is draining"}  # fmt: skip
+    assert MESSAGES["error-plain"].to_wire() == {
+        "type": "error",
+        "id": "cmpl-1",
+        "version": 1,
+        "status": 503,
+        "message": "replica is draining",
+    }
 
 
 @pytest.mark.parametrize("name", MESSAGES)
@@ -121,9 +131,14 @@ def test_a_message_without_a_version_is_this_sides():
 
 
 def test_status_hash_round_trip_and_version():
-    status = ReplicaStatus("ready", 1700000000.125, "abc123", load={"running": 1, "waiting": 0},
-                           endpoint={"stream": "s", "pid": 42, "max_model_len": 512},
-                           metrics={"requests_finished": 3})  # fmt: skip
+    status = ReplicaStatus(
+        "ready",
+        1700000000.125,
+        "abc123",
+        load={"running": 1, "waiting": 0},
+        endpoint={"stream": "s", "pid": 42, "max_model_len": 512},
+        metrics={"requests_finished": 3},
+    )
     raw = status.to_hash()
     assert all(isinstance(v, str) for v in raw.values())
     assert ReplicaStatus.from_hash(raw) == status
@@ -160,10 +175,15 @@ def test_a_replica_spec_with_kv_tiers_round_trips_and_gives_the_engine_what_is_s
     back = ReplicaSpec.from_json(spec.to_json())
     assert back == spec and isinstance(back.kv_tiers, KVTiersSpec)
     assert back.kv_tiers.engine_config() == {
-        "dram_bytes": 1 << 30, "disk_path": "/var/cache/kv", "disk_bytes": 8 << 30, "store_master": "10.0.0.5:50051",
-        "min_prefix_tokens": 256, "local_hostname": "10.0.0.12", "store_protocol": "rdma",
+        "dram_bytes": 1 << 30,
+        "disk_path": "/var/cache/kv",
+        "disk_bytes": 8 << 30,
+        "store_master": "10.0.0.5:50051",
+        "min_prefix_tokens": 256,
+        "local_hostname": "10.0.0.12",
+        "store_protocol": "rdma",
         "store_segment_bytes": 512 << 20,
-    }  # fmt: skip
+    }
     # Unset fields keep the engine's defaults; a spec without tiers says so.
     assert KVTiersSpec(dram_bytes=4096).engine_config() == {"dram_bytes": 4096}
     assert ReplicaSpec.from_json(ReplicaSpec(3, "d", "/m", "m").to_json()).kv_tiers is None
@@ -205,8 +225,12 @@ def test_a_malformed_generate_names_the_parameter(change, param):
 def test_sampling_parameters_are_checked_first_and_by_the_engine():
     """Shapes here, values in SamplingParams: a bad value in a well-formed message reads, then
     the engine names it (the order the replica has always answered in)."""
-    data = {"id": "x", "reply_to": "c", "messages": [{"role": "user", "content": {"nested": 1}}],
-            "params": {"temperature": -1}}  # fmt: skip
+    data = {
+        "id": "x",
+        "reply_to": "c",
+        "messages": [{"role": "user", "content": {"nested": 1}}],
+        "params": {"temperature": -1},
+    }
     message = GenerateMessage.from_wire(data)
     with pytest.raises(RequestError) as err:
         SamplingParams.from_wire(message.params)
@@ -239,8 +263,13 @@ def test_wire_sampling_params_are_the_engines_defaults_and_fields():
 
 
 def test_unreadable_events_are_protocol_errors():
-    for data in ({"type": "telemetry", "id": "x"}, {"type": ["delta"]}, "delta", {"type": "delta"},
-                 {"type": "accepted", "id": "x"}):  # fmt: skip
+    for data in (
+        {"type": "telemetry", "id": "x"},
+        {"type": ["delta"]},
+        "delta",
+        {"type": "delta"},
+        {"type": "accepted", "id": "x"},
+    ):
         with pytest.raises(ProtocolError):
             read_event(data)
 

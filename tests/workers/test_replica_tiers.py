@@ -102,9 +102,12 @@ def test_a_prefix_evicted_from_the_device_comes_back_from_dram_and_the_replica_r
     # /metrics, as the web process renders it from the same status hash.
     deployment = Deployment.objects.create(slug="tiers", model=Model.objects.create(name="demo", source=str(MODEL_DIR)))
     Replica.objects.create(pk=DRAM, deployment=deployment, state=Replica.State.READY)
-    samples = {(s.name, s.labels.get("tier")): s.value
-               for f in text_string_to_metric_families(render(client)) for s in f.samples
-               if s.name.startswith("switchyard_kv_tier_") and s.labels.get("replica") == str(DRAM)}  # fmt: skip
+    samples = {
+        (s.name, s.labels.get("tier")): s.value
+        for f in text_string_to_metric_families(render(client))
+        for s in f.samples
+        if s.name.startswith("switchyard_kv_tier_") and s.labels.get("replica") == str(DRAM)
+    }
     assert samples[("switchyard_kv_tier_blocks_loaded_total", "dram")] >= 10
     assert samples[("switchyard_kv_tier_hits_total", "dram")] >= 10
     assert samples[("switchyard_kv_tier_capacity_bytes", "dram")] == KV_BYTES
@@ -113,8 +116,11 @@ def test_a_prefix_evicted_from_the_device_comes_back_from_dram_and_the_replica_r
 
 def test_a_session_turn_computed_by_one_replica_is_loaded_by_another_through_the_store(client, replicas):
     for rid in (STORE_A, STORE_B):
-        wait_for(lambda rid=rid: tiers_of(client, rid).get("tiers", {}).get("store", {}).get("available"), 30,
-                 f"replica {rid} to reach the store")  # fmt: skip
+        wait_for(
+            lambda rid=rid: tiers_of(client, rid).get("tiers", {}).get("store", {}).get("available"),
+            30,
+            f"replica {rid} to reach the store",
+        )
     plain = [t + 1 for t in PROMPT]  # not a session turn, never hit: kept out of the store
     generate(client, STORE_A, plain)
     turn = generate(client, STORE_A, PROMPT, session_turn=True)

@@ -84,9 +84,12 @@ class Outbox:
                     self.app.send_task(REPLICA_EVENT, args=[item.to_wire()], queue=CONTROL_QUEUE, retry=False)
                 else:
                     self.app.send_task(
-                        NODE_REPORT, args=[item.to_wire()], queue=CONTROL_QUEUE, retry=False,
+                        NODE_REPORT,
+                        args=[item.to_wire()],
+                        queue=CONTROL_QUEUE,
+                        retry=False,
                         expires=self.report_expires,
-                    )  # fmt: skip
+                    )
             except Exception as exc:  # the broker is away: keep the message, try again
                 with self._cond:
                     if self._closed:

@@ -410,8 +410,13 @@ class Supervisor:
         error, signame = describe_exit(code)
         if blamed:
             error += f", with request {blamed} in flight, which a replica had died under before (not counted)"
-        crash = {"exit_code": None if code == UNKNOWN_EXIT else code, "signal": signame, "request_id": blamed,
-                 "counted": not blamed, "log_tail": tail(m.log_path)}  # fmt: skip
+        crash = {
+            "exit_code": None if code == UNKNOWN_EXIT else code,
+            "signal": signame,
+            "request_id": blamed,
+            "counted": not blamed,
+            "log_tail": tail(m.log_path),
+        }
         if m.counted_restarts > self.config.max_restarts:
             m.restarts -= 1
             self._forget(m)

@@ -54,8 +54,11 @@ def main(argv=None) -> int:
     ch.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ch.add_argument("--json", action="store_true", help="print only the JSON line")
     ca = sub.add_parser("cache", help="prompt-cache hit rate and TTFT of each routing policy on an agent trace")
-    ca.add_argument("--policies", default="round_robin,least_loaded,session,kv_aware,session+kv_aware",
-                    help="routing policies to replay the trace under, in order, comma-separated")  # fmt: skip
+    ca.add_argument(
+        "--policies",
+        default="round_robin,least_loaded,session,kv_aware,session+kv_aware",
+        help="routing policies to replay the trace under, in order, comma-separated",
+    )
     ca.add_argument("--sessions", type=int, help="root sessions of the trace (default: the trace's own)")
     ca.add_argument("--seed", type=int, default=13, help="the trace's seed")
     ca.add_argument("--quick", action="store_true", help="a tiny trace (for smoke runs)")
@@ -144,9 +147,13 @@ def main(argv=None) -> int:
     ba.add_argument("--seed", type=int, default=5)
     ba.add_argument("--fill", type=float, default=1.0, help="BATCH_FILL: the most of the slots a batch may fill")
     # 1.25: the bound on the interactive TTFT p90 beside a batch, as the deployment's SLO.
-    ba.add_argument("--slo", type=float, default=1.25,
-                    help="the deployment's TTFT SLO, as a multiple of the interactive load's TTFT p90 alone; "
-                    "0: no SLO (the batch takes BATCH_FILL of the slots)")  # fmt: skip
+    ba.add_argument(
+        "--slo",
+        type=float,
+        default=1.25,
+        help="the deployment's TTFT SLO, as a multiple of the interactive load's TTFT p90 alone; "
+        "0: no SLO (the batch takes BATCH_FILL of the slots)",
+    )
     ba.add_argument("--chaos", action="store_true", help="kill a replica and the control worker mid-batch")
     ba.add_argument("--keep", action="store_true", help="keep the state directory and logs")
     ba.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -87,8 +87,12 @@ async def stream_chat(http: httpx.AsyncClient, stack: Stack, body: dict, rec: Se
     """POST `body` (a streamed chat completion, usage included) and time its answer into `rec`:
     the first and last token (content or tool-call text), the tokens, an error."""
     try:
-        async with http.stream("POST", f"{stack.base}/v1/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {key or stack.key}"}) as response:  # fmt: skip
+        async with http.stream(
+            "POST",
+            f"{stack.base}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key or stack.key}"},
+        ) as response:
             if response.status_code != 200:
                 rec.error = f"{response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
                 return rec
@@ -164,8 +168,9 @@ async def one_run(stack: Stack, policy: str, replicas: int, trace: list[float], 
     stop, samples = asyncio.Event(), []
     counter = asyncio.create_task(replica_counter(stack, stop, samples))
     started = time.monotonic()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10),
-                                 limits=httpx.Limits(max_connections=None)) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(300, connect=10), limits=httpx.Limits(max_connections=None)
+    ) as http:
 
         async def at(offset: float, i: int) -> Sent:
             await asyncio.sleep(max(0.0, started + offset - time.monotonic()))
@@ -223,8 +228,10 @@ async def _main(args) -> dict:
     if not quiet and "static_peak" in runs and "autoscaled" in runs:
         peak, auto = runs["static_peak"], runs["autoscaled"]
         ratio = auto["replica_seconds"] / peak["replica_seconds"] if peak["replica_seconds"] else float("nan")
-        print(f"autoscaled: SLO attainment {auto['slo_attainment']:.1%} with {ratio:.2f}x static_peak's "
-              f"replica-seconds (static_peak {peak['slo_attainment']:.1%})")  # fmt: skip
+        print(
+            f"autoscaled: SLO attainment {auto['slo_attainment']:.1%} with {ratio:.2f}x static_peak's "
+            f"replica-seconds (static_peak {peak['slo_attainment']:.1%})"
+        )
     pd_shift = dict.fromkeys(("prefill_moved", "decode_moved", "opposite", "intervals_to_react"))
     return {"runs": runs, "pd_shift": pd_shift}
 

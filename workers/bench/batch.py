@@ -70,8 +70,9 @@ class Batches:
 
     async def create(self, n: int) -> dict:
         files = {"file": ("docs.jsonl", lines_file(n), "application/jsonl")}
-        f = await self.http.post(f"{self.stack.base}/v1/files", data={"purpose": "batch"}, files=files,
-                                 headers=self.headers)  # fmt: skip
+        f = await self.http.post(
+            f"{self.stack.base}/v1/files", data={"purpose": "batch"}, files=files, headers=self.headers
+        )
         f.raise_for_status()
         body = {"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
         batch = await self.http.post(f"{self.stack.base}/v1/batches", json=body, headers=self.headers)
@@ -139,8 +140,10 @@ async def interactive(stack: Stack, http: httpx.AsyncClient, trace: list[float])
     took = time.monotonic() - started
     ok = [r for r in sent if r.ok]
     itls = [r.itl_ms for r in ok if r.itl_ms is not None]
-    result = {"ttft_p90_ms": round(percentile([r.ttft_ms for r in ok], 0.9), 1) if ok else None,
-              "itl_p90_ms": round(percentile(itls, 0.9), 1) if itls else None}  # fmt: skip
+    result = {
+        "ttft_p90_ms": round(percentile([r.ttft_ms for r in ok], 0.9), 1) if ok else None,
+        "itl_p90_ms": round(percentile(itls, 0.9), 1) if itls else None,
+    }
     if len(ok) < len(sent):
         failed = next(r for r in sent if not r.ok)
         result["failed"] = len(sent) - len(ok)
@@ -186,16 +189,21 @@ async def batch_phase(stack, http, trace, capacity, args) -> tuple[dict, dict]:
         "tok_s": round(tok_s, 1),
         "spare_capacity_used": round(tok_s / spare, 3) if spare > 0 else None,
     }
-    log(f"batch: {json.dumps(result)}; {done['status']}; interactive {interactive_tok_s:.1f} tok/s, "
-        f"capacity {capacity:.1f} tok/s", args.json)  # fmt: skip
+    log(
+        f"batch: {json.dumps(result)}; {done['status']}; interactive {interactive_tok_s:.1f} tok/s, "
+        f"capacity {capacity:.1f} tok/s",
+        args.json,
+    )
     return loaded, result
 
 
 def second_tenant(stack: Stack) -> str:
     """An API key of another user (another tenant), made with manage.py in the stack's settings."""
-    code = ("from django.contrib.auth import get_user_model; from controlplane.gateway.services import create_api_key; "
-            "u, _ = get_user_model().objects.get_or_create(username='light-tenant'); "
-            "print(create_api_key(name='light', owner=u)[1])")  # fmt: skip
+    code = (
+        "from django.contrib.auth import get_user_model; from controlplane.gateway.services import create_api_key; "
+        "u, _ = get_user_model().objects.get_or_create(username='light-tenant'); "
+        "print(create_api_key(name='light', owner=u)[1])"
+    )
     out = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=stack.env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     return out.stdout.strip().splitlines()[-1]
@@ -234,13 +242,18 @@ async def fairness_run(stack, http, light_key: str, fair: bool, seconds: float, 
 async def _main(args) -> dict:
     quiet = args.json
     trace = arrivals(args.seconds, args.rate, args.rate, args.seed)
-    with environ(CPU_REPLICAS_PER_DEVICE=str(REPLICAS + 2), TELEMETRY_INTERVAL="1", BATCH_DISPATCH_INTERVAL="1",
-                 BATCH_FILL=str(args.fill)):  # fmt: skip
+    with environ(
+        CPU_REPLICAS_PER_DEVICE=str(REPLICAS + 2),
+        TELEMETRY_INTERVAL="1",
+        BATCH_DISPATCH_INTERVAL="1",
+        BATCH_FILL=str(args.fill),
+    ):
         log("starting make run on its own Redis", quiet)
         stack = Stack(quiet, hang_seconds=30.0)
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10),
-                                     limits=httpx.Limits(max_connections=None)) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(300, connect=10), limits=httpx.Limits(max_connections=None)
+        ) as http:
             await api(stack, "PATCH", "deployments/demo/", {"replicas": 0})  # its CPU for the simulated replicas
             await api(stack, "POST", "deployments/", {"slug": SLUG, "model": "demo", "replicas": REPLICAS,
                                                       "engine": "sim", "sim_profile": PROFILE,
@@ -261,8 +274,11 @@ async def _main(args) -> dict:
                 measured = percentile(ttfts, 0.9)
                 slo = round(args.slo * measured, 1)
                 await api(stack, "PATCH", f"deployments/{SLUG}/autoscaling/", {"ttft_p90_ms": slo})
-                log(f"the deployment's TTFT SLO: {slo} ms ({args.slo} x the gateway's p90 {measured:.1f} ms alone); "
-                    f"batch lines take up to {args.fill} of the slots", quiet)  # fmt: skip
+                log(
+                    f"the deployment's TTFT SLO: {slo} ms ({args.slo} x the gateway's p90 {measured:.1f} ms alone); "
+                    f"batch lines take up to {args.fill} of the slots",
+                    quiet,
+                )
             with_batch, batch = await batch_phase(stack, http, trace, capacity, args)
             log(f"interactive with the batch: {json.dumps(with_batch)}", quiet)
 
@@ -277,9 +293,11 @@ async def _main(args) -> dict:
         stack.close(keep=args.keep)
     if not quiet and interactive_alone["ttft_p90_ms"] and with_batch["ttft_p90_ms"]:
         ratio = with_batch["ttft_p90_ms"] / interactive_alone["ttft_p90_ms"]
-        print(f"interactive TTFT p90 with the batch: {ratio:.2f}x alone (target <= 1.25); the batch used "
-              f"{batch['spare_capacity_used']} of the spare capacity (target >= 0.7); light tenant's share "
-              f"{fifo} first come first served, {vtc} with fair sharing (target >= 0.5)")  # fmt: skip
+        print(
+            f"interactive TTFT p90 with the batch: {ratio:.2f}x alone (target <= 1.25); the batch used "
+            f"{batch['spare_capacity_used']} of the spare capacity (target >= 0.7); light tenant's share "
+            f"{fifo} first come first served, {vtc} with fair sharing (target >= 0.5)"
+        )
     return {
         "interactive_alone": {k: interactive_alone[k] for k in ("ttft_p90_ms", "itl_p90_ms")},
         "interactive_with_batch": {k: with_batch[k] for k in ("ttft_p90_ms", "itl_p90_ms")},

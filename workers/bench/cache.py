@@ -171,8 +171,13 @@ class Bench:
             "POST", "cache-policies/", {"name": CACHE_POLICY, "block_size": BLOCK_SIZE, "routing": "round_robin"}
         )
         self.policy_id = policy["id"]
-        deployment = {"slug": SLUG, "model": MODEL_NAME, "replicas": REPLICAS, "max_model_len": MAX_MODEL_LEN,
-                      "cache_policy": CACHE_POLICY}  # fmt: skip
+        deployment = {
+            "slug": SLUG,
+            "model": MODEL_NAME,
+            "replicas": REPLICAS,
+            "max_model_len": MAX_MODEL_LEN,
+            "cache_policy": CACHE_POLICY,
+        }
         await self._api("POST", "deployments/", deployment)
         ids = await self.wait_replicas(REPLICAS)
         client = aioredis.from_url(self.stack.redis.url, decode_responses=True)
@@ -205,9 +210,12 @@ class Bench:
         token = os.environ.get("METRICS_TOKEN")  # make run's web process inherits it
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         text = (await http.get(f"{self.stack.base}/metrics", headers=headers)).text
-        return {sample.name: sample.value for family in text_string_to_metric_families(text)
-                for sample in family.samples
-                if sample.name in (REACHABLE, ROUTED) and sample.labels.get("deployment") == SLUG}  # fmt: skip
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name in (REACHABLE, ROUTED) and sample.labels.get("deployment") == SLUG
+        }
 
     async def _request(
         self, http: httpx.AsyncClient, prompt: list[int], key: str | None, session: int = -1, turn: int = 0
@@ -276,12 +284,18 @@ class Bench:
                     if turn == 0 and s.parent is None:
                         await asyncio.sleep(max(t0 + s.start - time.monotonic(), 0))
                     if turn == 0:  # sub-agents spawned before any answer arrives
-                        children += [asyncio.create_task(run(self.trace.sessions[c])) for c in s.children
-                                     if self.trace.sessions[c].fork_turn == 0]  # fmt: skip
+                        children += [
+                            asyncio.create_task(run(self.trace.sessions[c]))
+                            for c in s.children
+                            if self.trace.sessions[c].fork_turn == 0
+                        ]
                     prompt = _relabel(s.prompt(turn), offset)
                     results.append(await self._request(http, prompt, key, s.index, turn))
-                    children += [asyncio.create_task(run(self.trace.sessions[c])) for c in s.children
-                                 if self.trace.sessions[c].fork_turn == turn and turn > 0]  # fmt: skip
+                    children += [
+                        asyncio.create_task(run(self.trace.sessions[c]))
+                        for c in s.children
+                        if self.trace.sessions[c].fork_turn == turn and turn > 0
+                    ]
                 await asyncio.gather(*children)
 
             await asyncio.gather(*(run(s) for s in self.trace.sessions if s.parent is None))
@@ -391,10 +405,13 @@ async def _main(args) -> dict:
     shape: Shape = QUICK if args.quick else Shape()
     trace = make_trace(args.seed, shape, args.sessions)
     ideal = trace.ideal_hit_rate(BLOCK_SIZE)
-    log(f"trace (seed {args.seed}): {len(trace.sessions)} sessions "
+    log(
+        f"trace (seed {args.seed}): {len(trace.sessions)} sessions "
         f"({sum(s.parent is not None for s in trace.sessions)} sub-agents), {trace.requests} requests, "
         f"{trace.prompt_tokens} prompt tokens, contexts up to {max(e for s in trace.sessions for e in s.ends)} "
-        f"tokens; ideal hit rate {ideal:.1%}", quiet)  # fmt: skip
+        f"tokens; ideal hit rate {ideal:.1%}",
+        quiet,
+    )
     bench_model()  # before the stack: creating it takes torch and a few seconds
     log(
         f"starting make run on its own Redis; {REPLICAS} replicas x 1 thread, {KV_CACHE_BYTES >> 20} MiB KV each", quiet
@@ -414,8 +431,11 @@ async def _main(args) -> dict:
             summary[policy] = summarise(results, wall, ids, ideal)
             details[policy] = {**_details(results, wall, ids, counters, trace), "capacity": bench.kv_blocks}
             errors = details[policy]["error_kinds"]
-            log(f"{policy}: done in {time.monotonic() - t:.0f} s ({wall:.0f} s replay)"
-                + (f"; errors: {errors}" if errors else ""), quiet)  # fmt: skip
+            log(
+                f"{policy}: done in {time.monotonic() - t:.0f} s ({wall:.0f} s replay)"
+                + (f"; errors: {errors}" if errors else ""),
+                quiet,
+            )
     finally:
         stack.close(keep=args.keep)
         if args.keep:

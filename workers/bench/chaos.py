@@ -128,8 +128,13 @@ class Stack:
         }
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_file = open(self.dir / "run.log", "wb")  # noqa: SIM115 - closed by close()
-        self.run = subprocess.Popen([sys.executable, "-m", "scripts.run"], cwd=ROOT, env=self.env,
-                                    stdout=self.log_file, stderr=subprocess.STDOUT)  # fmt: skip
+        self.run = subprocess.Popen(
+            [sys.executable, "-m", "scripts.run"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+        )
         self._wait_running()
         info = json.loads((self.dir / "state" / "run.json").read_text())
         self.key = info["api_key"]
@@ -261,9 +266,13 @@ async def run_fault(name: str, stack: Stack, load: Load, quiet: bool) -> dict:
             now = stack.process(kind)
             beat = await stack.node_heartbeat()
             return (
-                now is not None and now.pid != victim and beat is not None and beat != before
-                and len(await stack.ready_replicas()) == 2 and load.served_since(t0)
-            )  # fmt: skip
+                now is not None
+                and now.pid != victim
+                and beat is not None
+                and beat != before
+                and len(await stack.ready_replicas()) == 2
+                and load.served_since(t0)
+            )
 
     else:  # redis_outage
         stack.redis.kill()
@@ -287,21 +296,31 @@ async def run_fault(name: str, stack: Stack, load: Load, quiet: bool) -> dict:
     await asyncio.sleep(2)  # let requests started before recovery finish, so the window is complete
     window = load.window(t0, t1)
     failed = [r for r in window if not r.ok]
-    result = {"failed": len(failed), "total": len(window), "recovery_s": recovery,
-              "resumed": sum(r.resumed for r in window)}  # fmt: skip
+    result = {
+        "failed": len(failed),
+        "total": len(window),
+        "recovery_s": recovery,
+        "resumed": sum(r.resumed for r in window),
+    }
     cut = sum(r.cut for r in window)
     errors = sorted({(r.error or "")[:80] for r in failed})
-    log(f"{name:13s} failed {result['failed']:3d}/{result['total']:<4d} resumed {result['resumed']:3d}  "
+    log(
+        f"{name:13s} failed {result['failed']:3d}/{result['total']:<4d} resumed {result['resumed']:3d}  "
         f"recovery {recovery if recovery is not None else 'never'} s  cut streams {cut}"
-        + (f"  errors: {errors[:3]}" if errors else ""), quiet)  # fmt: skip
+        + (f"  errors: {errors[:3]}" if errors else ""),
+        quiet,
+    )
     if name == "redis_outage":
         down, back = t0, ref
         in_flight = [r for r in window if r.start < down]
         during = [r for r in window if down <= r.start < back]
         after = [r for r in window if r.start >= back]
-        log(f"{'':13s} in flight when Redis went: {sum(not r.ok for r in in_flight)}/{len(in_flight)} failed; "
+        log(
+            f"{'':13s} in flight when Redis went: {sum(not r.ok for r in in_flight)}/{len(in_flight)} failed; "
             f"started while it was away: {sum(not r.ok for r in during)}/{len(during)} refused; "
-            f"started after it returned: {sum(not r.ok for r in after)}/{len(after)} failed", quiet)  # fmt: skip
+            f"started after it returned: {sum(not r.ok for r in after)}/{len(after)} failed",
+            quiet,
+        )
     await asyncio.sleep(3)  # settle before the next fault
     return result
 

@@ -61,8 +61,12 @@ class Platform:
         # never imports Django): a model, a deployment with one hand-made ready replica, a key.
         out = subprocess.run(
             [sys.executable, "manage.py", "bench_platform", model, str(max_num_seqs)],
-            cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         info = json.loads(out.stdout.strip().splitlines()[-1])
         self.replica_id, self.api_key = info["replica_id"], info["api_key"]
         spec = ReplicaSpec(replica_id=self.replica_id, deployment="bench", model=model, model_name="bench",
@@ -174,8 +178,13 @@ def latency(platform: Platform, engine: EngineAlone, tokens: int, repeat: int) -
 
 
 async def _one_stream(client, index: int, tokens: int) -> tuple[bool, str]:
-    body = {"model": "bench", "prompt": f"Request {index}: hello", "max_tokens": tokens, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+    body = {
+        "model": "bench",
+        "prompt": f"Request {index}: hello",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     chunks, done = 0, False
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -203,9 +212,14 @@ async def concurrent_streams(platform: Platform, n: int, tokens: int) -> dict:
         results = await asyncio.gather(*(_one_stream(client, i, tokens) for i in range(n)))
         elapsed = time.perf_counter() - start
     failures = [why for ok, why in results if not ok]
-    return {"streams": n, "held": n - len(failures), "lost": len(failures), "seconds": round(elapsed, 2),
-            "tokens_per_second": round((n - len(failures)) * tokens / elapsed, 1),
-            "first_failure": failures[0] if failures else None}  # fmt: skip
+    return {
+        "streams": n,
+        "held": n - len(failures),
+        "lost": len(failures),
+        "seconds": round(elapsed, 2),
+        "tokens_per_second": round((n - len(failures)) * tokens / elapsed, 1),
+        "first_failure": failures[0] if failures else None,
+    }
 
 
 def run(args) -> int:
@@ -252,9 +266,12 @@ def run(args) -> int:
         for n in levels:
             level = asyncio.run(concurrent_streams(platform, n, args.stream_tokens))
             result["concurrency"].append(level)
-            log(f"{n} concurrent streams x {args.stream_tokens} tokens: held {level['held']}, lost {level['lost']} "
+            log(
+                f"{n} concurrent streams x {args.stream_tokens} tokens: held {level['held']}, lost {level['lost']} "
                 f"in {level['seconds']} s ({level['tokens_per_second']} tok/s)"
-                + (f"; first failure: {level['first_failure']}" if level["first_failure"] else ""), quiet)  # fmt: skip
+                + (f"; first failure: {level['first_failure']}" if level["first_failure"] else ""),
+                quiet,
+            )
             if level["lost"] == 0:
                 held = max(held, n)
         result["max_streams_held"] = held

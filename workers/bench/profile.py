@@ -121,14 +121,21 @@ def run(args) -> int:
     (a, b), prefill_error = _fit(prefill)
     (c, d, e), decode_error = _fit(decode)
     kv = engine.executor.kv_description() if hasattr(engine.executor, "kv_description") else {}
-    bytes_per_token = int(engine.executor.kv_cache.numel() * engine.executor.kv_cache.element_size()
-                          // (engine.block_manager.num_blocks * engine.config.block_size))  # fmt: skip
+    bytes_per_token = int(
+        engine.executor.kv_cache.numel()
+        * engine.executor.kv_cache.element_size()
+        // (engine.block_manager.num_blocks * engine.config.block_size)
+    )
     profile = SimProfile(
-        prefill_base=round(a, 6), prefill_per_token=round(b, 9), decode_base=round(c, 6), decode_per_seq=round(d, 9),
-        decode_per_context_token=round(e, 11), kv_bytes_per_token=bytes_per_token,
+        prefill_base=round(a, 6),
+        prefill_per_token=round(b, 9),
+        decode_base=round(c, 6),
+        decode_per_seq=round(d, 9),
+        decode_per_context_token=round(e, 11),
+        kv_bytes_per_token=bytes_per_token,
         source=f"python -m workers.bench profile: {Path(model).parent.name}/{Path(model).name}, cpu, float32, "
-               f"{args.threads} thread(s), {time.strftime('%Y-%m-%d')}",
-    )  # fmt: skip
+        f"{args.threads} thread(s), {time.strftime('%Y-%m-%d')}",
+    )
     kv_bytes = engine.block_manager.num_blocks * 16 * bytes_per_token
     sim_engine = SimEngine(SimConfig(model=model, profile=profile, block_size=16, max_num_seqs=32,
                                      max_num_batched_tokens=2048, enable_prefix_caching=False,

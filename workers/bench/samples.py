@@ -39,8 +39,12 @@ def _measure(engine, add) -> dict:
         peak = max(peak, bm.num_blocks - bm.num_free_blocks)
     wall = time.perf_counter() - started
     engine.runner.execute = execute
-    return {"tokens_computed": sum(counts), "peak_blocks": peak, "wall_s": round(wall, 3),
-            "outputs": [outputs[k] for k in sorted(outputs)]}  # fmt: skip
+    return {
+        "tokens_computed": sum(counts),
+        "peak_blocks": peak,
+        "wall_s": round(wall, 3),
+        "outputs": [outputs[k] for k in sorted(outputs)],
+    }
 
 
 def run(args) -> int:
@@ -78,8 +82,11 @@ def run(args) -> int:
               "independent_no_prefix_cache": uncached, "ratios": ratios, "same_outputs": same}  # fmt: skip
     if not args.json:
         print(f"n={args.n} samples of a {args.prompt_tokens}-token prompt, {args.max_tokens} tokens each")
-        sides = (("forked (shared blocks)", forked), ("independent requests", independent),
-                 ("independent, no prefix cache", uncached))  # fmt: skip
+        sides = (
+            ("forked (shared blocks)", forked),
+            ("independent requests", independent),
+            ("independent, no prefix cache", uncached),
+        )
         for name, r in sides:
             print(
                 f"  {name:30s} computed {r['tokens_computed']:6d} tokens, peak {r['peak_blocks']:4d} blocks, "

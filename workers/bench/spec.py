@@ -624,9 +624,12 @@ def _bounds(results, rows, methods, k: int) -> list[str]:
                 f"  {method}: verify step ({k + 1} query tokens) {verify * 1e3:.2f} ms = {verify / decode:.2f}x "
                 f"decode; draft run ({k} tokens) {draft * 1e3:.3f} ms = {draft / decode:.2f}x; "
                 f"{share:.0%} of decode steps verified drafts; L = {length:.2f}"
-                + (f"; prefill {m_prefill * 1e3:.2f} ms, {m_observe * 1e3:.2f} ms of it the head observing the prompt"
-                   if m_observe else "")
-            )  # fmt: skip
+                + (
+                    f"; prefill {m_prefill * 1e3:.2f} ms, {m_observe * 1e3:.2f} ms of it the head observing the prompt"
+                    if m_observe
+                    else ""
+                )
+            )
             targets = [t for (m, w), t in TARGET_SPEEDUP_B1.items() if (m, w) == (method, workload)]
             lines.append(
                 f"    ceiling with every step drafting: L / {cost:.2f} = {ceiling:.2f}x ({e2e:.2f}x with the prefill "

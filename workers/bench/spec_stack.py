@@ -74,8 +74,9 @@ async def _main(chats: list, seconds: float, warmup: float, quiet: bool) -> dict
         stack = Stack(quiet, hang_seconds=60.0)
     out = {}
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10),
-                                     limits=httpx.Limits(max_connections=None)) as http:  # fmt: skip
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(300, connect=10), limits=httpx.Limits(max_connections=None)
+        ) as http:
             await api(stack, "PATCH", "deployments/demo/", {"replicas": 0})  # the CPU for one replica at a time
             await settle(stack, 0, slug="demo")
             for slug, speculation in DEPLOYMENTS.items():

@@ -127,10 +127,15 @@ def run(args) -> int:
                 rates[(b, c)].append(_decode_rate(llm, prompts[:b], constrained if c else free))
     valid = {c: _valid_fraction(llm, prompts, c) for c in (False, True)}
     runs = [
-        {"batch": b, "constrained": c, "tok_s": round(statistics.median(rates[(b, c)]), 1),
-         "valid_fraction": round(valid[c], 3)}
-        for b in BATCHES for c in (False, True)
-    ]  # fmt: skip
+        {
+            "batch": b,
+            "constrained": c,
+            "tok_s": round(statistics.median(rates[(b, c)]), 1),
+            "valid_fraction": round(valid[c], 3),
+        }
+        for b in BATCHES
+        for c in (False, True)
+    ]
     if not args.json:
         for b in BATCHES:
             base, con = (statistics.median(rates[(b, c)]) for c in (False, True))

@@ -67,9 +67,12 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model) if (Path(config.model) / "tokenizer.json").is_file() else None
         progress("loading weights", 0.15)
         self.parallel = ParallelConfig(
-            config.tensor_parallel_size, config.pipeline_parallel_size, config.pipeline_stages,
-            timeout_s=config.parallel_timeout_s, threads_per_rank=config.parallel_threads_per_rank,
-        )  # fmt: skip
+            config.tensor_parallel_size,
+            config.pipeline_parallel_size,
+            config.pipeline_stages,
+            timeout_s=config.parallel_timeout_s,
+            threads_per_rank=config.parallel_threads_per_rank,
+        )
         self.parallel.validate(self.model_config, config)
         self.tiers: TieredCache | NoTiers = NoTiers()
         # One device, or a tensor/pipeline-parallel group whose rank 0 is this process (executor.py).
@@ -416,8 +419,9 @@ class LLMEngine:
 
     # -- introspection for metrics ------------------------------------------------------------
     def stats(self) -> dict:
-        return admission.batch_stats(self.scheduler, self.block_manager, self.num_generated_tokens,
-                                     self.num_request_errors)  # fmt: skip
+        return admission.batch_stats(
+            self.scheduler, self.block_manager, self.num_generated_tokens, self.num_request_errors
+        )
 
     def tier_stats(self) -> dict | None:
         """The KV tiers' counters (tiered_cache.py), or None when there are none."""

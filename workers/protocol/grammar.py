@@ -122,8 +122,11 @@ def check_refs(schema: dict, param: str, *, resolve: bool = False) -> None:
             if not isinstance(ref, str):
                 raise RequestError(f"$ref must be a string, got {json.dumps(ref)[:80]}", param)
             if not ref.startswith("#"):
-                raise RequestError(f"remote $ref {ref[:200]!r} is not supported; inline the schema (refer to its "
-                                   "parts with '#/$defs/...')", param)  # fmt: skip
+                raise RequestError(
+                    f"remote $ref {ref[:200]!r} is not supported; inline the schema (refer to its "
+                    "parts with '#/$defs/...')",
+                    param,
+                )
             if ref != "#" and not ref.startswith("#/"):
                 raise RequestError(
                     f"$ref {ref[:200]!r} is not supported: refer to '#' or a JSON pointer such as '#/$defs/name'", param

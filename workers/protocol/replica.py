@@ -215,8 +215,13 @@ class GenerateMessage(Wire):
         return self.messages is not None
 
     def to_wire(self) -> dict:
-        out: dict[str, Any] = {"type": self.TYPE, "id": self.id, "reply_to": self.reply_to, "version": self.version,
-                               "params": self.params.to_wire()}  # fmt: skip
+        out: dict[str, Any] = {
+            "type": self.TYPE,
+            "id": self.id,
+            "reply_to": self.reply_to,
+            "version": self.version,
+            "params": self.params.to_wire(),
+        }
         for name in ("messages", "tools", "prompt_token_ids", "prompt"):
             value = getattr(self, name)
             if value is not None:
@@ -372,8 +377,13 @@ class DeltaEvent(Wire):
         return self.finish_reason is not None
 
     def to_wire(self) -> dict:
-        out: dict[str, Any] = {"type": "delta", "id": self.id, "version": self.version, "text": self.text,
-                               "token_ids": self.token_ids}  # fmt: skip
+        out: dict[str, Any] = {
+            "type": "delta",
+            "id": self.id,
+            "version": self.version,
+            "text": self.text,
+            "token_ids": self.token_ids,
+        }
         if self.t is not None:
             out["t"] = self.t
         if self.index:

@@ -88,9 +88,13 @@ def serve_simulated(spec: ReplicaSpec, profile_name: str | None, log: logging.Lo
     from workers.sim.engine import SimConfig, SimEngine
     from workers.sim.profile import DEFAULT_PROFILE, ProfileError, SimProfile, load_profile
 
-    refused = {"role": spec.role != "colocated", "speculative": spec.speculative is not None,
-               "kv_tiers": spec.kv_tiers is not None, "tensor_parallel": spec.tensor_parallel > 1,
-               "pipeline_parallel": spec.pipeline_parallel > 1}  # fmt: skip
+    refused = {
+        "role": spec.role != "colocated",
+        "speculative": spec.speculative is not None,
+        "kv_tiers": spec.kv_tiers is not None,
+        "tensor_parallel": spec.tensor_parallel > 1,
+        "pipeline_parallel": spec.pipeline_parallel > 1,
+    }
     if any(refused.values()):
         log.error("the simulated engine does not simulate %s", ", ".join(k for k, v in refused.items() if v))
         return 2

@@ -264,9 +264,13 @@ class Disaggregation:
                 params = SamplingParams.from_wire(replace(message.params, max_tokens=1, n=1))
                 prompt = [int(t) for t in message.prompt_token_ids]
                 self.engine.add_request(
-                    rid, prompt, params, hold_blocks=True, session_turn=message.session_turn is True,
+                    rid,
+                    prompt,
+                    params,
+                    hold_blocks=True,
+                    session_turn=message.session_turn is True,
                     share=message.share if isinstance(message.share, Share) else DEFAULT_SHARE,
-                )  # fmt: skip
+                )
             except (RequestError, KeyError, TypeError, ValueError) as exc:
                 problem = f"cannot prefill: {exc}"
         if problem is not None:

@@ -35,8 +35,12 @@ class Histogram:
         self.count += 1
 
     def as_dict(self) -> dict:
-        return {"buckets": list(self.buckets), "counts": list(self.counts), "sum": round(self.total, 6),
-                "count": self.count}  # fmt: skip
+        return {
+            "buckets": list(self.buckets),
+            "counts": list(self.counts),
+            "sum": round(self.total, 6),
+            "count": self.count,
+        }
 
 
 @dataclass

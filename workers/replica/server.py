@@ -232,8 +232,11 @@ class ReplicaServer:
             compiling = time.monotonic()
             self.engine.check_grammar(params)  # a grammar that cannot compile: 400 before any handoff
             grammar_ms = round((time.monotonic() - compiling) * 1000, 3) if params.grammar is not None else None
-            if not (self.disagg and prefill is not None
-                    and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn, share)):  # fmt: skip
+            if not (
+                self.disagg
+                and prefill is not None
+                and self.disagg.start_handoff(rid, prompt_ids, message.params, prefill, turn, share)
+            ):
                 self.engine.add_request(rid, prompt_ids, params, output_token_ids=output_ids,
                                         emitted_text_len=text_sent, session_turn=turn, share=share)  # fmt: skip
         except (RequestError, MessageError) as exc:
@@ -259,17 +262,21 @@ class ReplicaServer:
             log.exception("admitting request %s failed", rid)
             self._send(reply_to, ErrorEvent(rid, 500, "the replica could not admit the request", code="replica_error"))
             return
-        self.inflight[rid] = Inflight(reply_to, time.monotonic(), params.logprobs, samples_left=params.n,
-                                      grammar_ms=grammar_ms)  # fmt: skip
+        self.inflight[rid] = Inflight(
+            reply_to, time.monotonic(), params.logprobs, samples_left=params.n, grammar_ms=grammar_ms
+        )
         handoff = self.disagg.waiting.get(rid) if self.disagg is not None else None
-        self._send(reply_to, AcceptedEvent(
-            rid,
-            len(prompt_ids),
-            # the gateway keeps them to resume the request elsewhere
-            prompt_token_ids=prompt_ids if message.return_prompt_token_ids else None,
-            # a prefill replica computes the prompt (unless it falls back later)
-            prefill_replica=handoff.prefill_replica if handoff is not None else None,
-        ))  # fmt: skip
+        self._send(
+            reply_to,
+            AcceptedEvent(
+                rid,
+                len(prompt_ids),
+                # the gateway keeps them to resume the request elsewhere
+                prompt_token_ids=prompt_ids if message.return_prompt_token_ids else None,
+                # a prefill replica computes the prompt (unless it falls back later)
+                prefill_replica=handoff.prefill_replica if handoff is not None else None,
+            ),
+        )
 
     def _prompt_ids(self, message: GenerateMessage) -> list[int]:
         if message.prompt_token_ids is not None:
@@ -348,8 +355,10 @@ class ReplicaServer:
         """Its queue and prefill (and grammar) times, sent with its first token: should the
         request move to another replica later, its trace still shows them."""
         scheduled = _scheduled(req, scheduled_at)
-        timings = {"queue_ms": round((scheduled - req.arrived) * 1000, 3),
-                   "prefill_ms": round((req.first_token_at - scheduled) * 1000, 3)}  # fmt: skip
+        timings = {
+            "queue_ms": round((scheduled - req.arrived) * 1000, 3),
+            "prefill_ms": round((req.first_token_at - scheduled) * 1000, 3),
+        }
         if req.grammar_ms is not None:
             timings["grammar_ms"] = req.grammar_ms
         return timings

@@ -16,6 +16,8 @@ class AutoscalingSerializer(serializers.ModelSerializer):
         read_only_fields = ["deployment", "recommendation", "last_change_at", "updated_at"]
         extra_kwargs = {
             "mode": {"help_text": "advisory: decide and show, change nothing; active: scale the deployment"},
-            "recommendation": {"help_text": "the last interval: the decision (replicas, action, rule, reason), the "
-                               "demand measured and the capacity per replica it was judged against"},
-        }  # fmt: skip
+            "recommendation": {
+                "help_text": "the last interval: the decision (replicas, action, rule, reason), the "
+                "demand measured and the capacity per replica it was judged against"
+            },
+        }

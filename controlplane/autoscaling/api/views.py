@@ -23,8 +23,9 @@ class AutoscalingView(APIView):
     def get(self, request, slug: str):
         return Response(AutoscalingSerializer(self._get(slug)).data)
 
-    @extend_schema(operation_id="deployments_autoscaling_update", request=AutoscalingSerializer,
-                   responses=AutoscalingSerializer)  # fmt: skip
+    @extend_schema(
+        operation_id="deployments_autoscaling_update", request=AutoscalingSerializer, responses=AutoscalingSerializer
+    )
     def patch(self, request, slug: str):
         with transaction.atomic():
             auto = self._get(slug, lock=True)  # the autoscaler's step locks it too: neither loses the other's write

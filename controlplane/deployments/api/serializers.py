@@ -103,8 +103,11 @@ class RoutingQualitySerializer(serializers.Serializer):
 def routing_quality(sums: dict[str, int]) -> dict:
     """The sums with their hit rates (a rate over nothing is null, not 0)."""
     rate = lambda part, whole: round(part / whole, 4) if whole else None  # noqa: E731
-    return {**sums, "achieved_hit_rate": rate(sums["cached_tokens"], sums["input_tokens"]),
-            "reachable_hit_rate": rate(sums["reachable_tokens"], sums["routed_input_tokens"])}  # fmt: skip
+    return {
+        **sums,
+        "achieved_hit_rate": rate(sums["cached_tokens"], sums["input_tokens"]),
+        "reachable_hit_rate": rate(sums["reachable_tokens"], sums["routed_input_tokens"]),
+    }
 
 
 # A deployment's fields that the platform sets and reports (read-only); the rest are the operator's.

@@ -90,8 +90,9 @@ def priority(body: dict) -> int:
     tier = body.get("service_tier")
     if tier is not None and tier not in SERVICE_TIERS:
         tiers = ", ".join(f'"{t}"' for t in SERVICE_TIERS)
-        raise bad(f"{ref('service_tier')} {show(tier)} is not supported; use one of {tiers}.", "service_tier",
-                  "unsupported")  # fmt: skip
+        raise bad(
+            f"{ref('service_tier')} {show(tier)} is not supported; use one of {tiers}.", "service_tier", "unsupported"
+        )
     return given if given is not None else SERVICE_TIERS.get(tier, 0)
 
 
@@ -101,8 +102,11 @@ def session_key(value, param: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_SESSION_KEY:
-        raise bad(f"{ref(param)} must be a non-empty string of at most {MAX_SESSION_KEY} characters.", param,
-                  "invalid_type" if not isinstance(value, str) else "invalid_value")  # fmt: skip
+        raise bad(
+            f"{ref(param)} must be a non-empty string of at most {MAX_SESSION_KEY} characters.",
+            param,
+            "invalid_type" if not isinstance(value, str) else "invalid_value",
+        )
     return value
 
 
@@ -112,8 +116,11 @@ def logit_bias(value) -> dict[str, float] | None:
     if value is None or value == {}:
         return None
     if not isinstance(value, dict):
-        raise bad(f"'logit_bias' must be an object mapping token ids to numbers, got {show(value)}.", "logit_bias",
-                  "invalid_type")  # fmt: skip
+        raise bad(
+            f"'logit_bias' must be an object mapping token ids to numbers, got {show(value)}.",
+            "logit_bias",
+            "invalid_type",
+        )
     if len(value) > MAX_LOGIT_BIAS:
         raise bad(f"'logit_bias' may have at most {MAX_LOGIT_BIAS} entries, got {len(value)}.", "logit_bias")
     out = {}
@@ -125,8 +132,11 @@ def logit_bias(value) -> dict[str, float] | None:
                 f"'logit_bias' values must be numbers, got {show(bias)} for token {key}.", "logit_bias", "invalid_type"
             )
         if not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
-            raise bad(f"'logit_bias' values must be between -{LOGIT_BIAS_RANGE} and {LOGIT_BIAS_RANGE}, got {bias} "
-                      f"for token {key}.", "logit_bias")  # fmt: skip
+            raise bad(
+                f"'logit_bias' values must be between -{LOGIT_BIAS_RANGE} and {LOGIT_BIAS_RANGE}, got {bias} "
+                f"for token {key}.",
+                "logit_bias",
+            )
         out[str(int(key))] = float(bias)
     return out
 
@@ -144,8 +154,11 @@ def structured_outputs(value) -> dict | None:
     given = {k: v for k, v in value.items() if v is not None}
     unknown = sorted(set(given) - set(STRUCTURED_KINDS))
     if unknown:
-        raise bad(f"'{name}.{unknown[0]}' is not supported: use one of {', '.join(STRUCTURED_KINDS)}.",
-                  f"{name}.{unknown[0]}", "unsupported")  # fmt: skip
+        raise bad(
+            f"'{name}.{unknown[0]}' is not supported: use one of {', '.join(STRUCTURED_KINDS)}.",
+            f"{name}.{unknown[0]}",
+            "unsupported",
+        )
     if len(given) != 1:
         raise bad(f"'{name}' must hold exactly one of {', '.join(STRUCTURED_KINDS)}.", name)
     ((kind, spec),) = given.items()

@@ -65,8 +65,13 @@ class Settings:
         policy: CachePolicy | None = deployment.cache_policy
         if policy is None:
             return cls()
-        return cls(policy.routing, policy.affinity_load_factor, policy.session_affinity_ttl_seconds,
-                   policy.block_size, policy.prefix_caching)  # fmt: skip
+        return cls(
+            policy.routing,
+            policy.affinity_load_factor,
+            policy.session_affinity_ttl_seconds,
+            policy.block_size,
+            policy.prefix_caching,
+        )
 
 
 def affinity_key(deployment: str, session: str) -> str:

@@ -108,17 +108,28 @@ def _blocks(content, param: str) -> list[dict]:
     return content
 
 
-UNREAD = {"image": "images", "document": "documents", "search_result": "search results",
-          "thinking": "thinking blocks", "redacted_thinking": "thinking blocks"}  # fmt: skip
+UNREAD = {
+    "image": "images",
+    "document": "documents",
+    "search_result": "search results",
+    "thinking": "thinking blocks",
+    "redacted_thinking": "thinking blocks",
+}
 
 
 def _unsupported_block(kind: str, param: str, role: str) -> GatewayError:
     if kind in UNREAD:
-        return bad(f"{param}: {kind} blocks are not supported: the served models read text, not {UNREAD[kind]}.",
-                   f"{param}.type", "unsupported")  # fmt: skip
+        return bad(
+            f"{param}: {kind} blocks are not supported: the served models read text, not {UNREAD[kind]}.",
+            f"{param}.type",
+            "unsupported",
+        )
     allowed = "text and tool_result" if role == "user" else "text and tool_use"
-    return bad(f"{param}.type: {json.dumps(kind)} blocks are not supported in a {role} message ({allowed} are).",
-               f"{param}.type", "unsupported")  # fmt: skip
+    return bad(
+        f"{param}.type: {json.dumps(kind)} blocks are not supported in a {role} message ({allowed} are).",
+        f"{param}.type",
+        "unsupported",
+    )
 
 
 def chat_messages(messages) -> list[dict]:
@@ -150,9 +161,13 @@ def chat_messages(messages) -> list[dict]:
                 error = block.get("is_error")
                 if error is not None and not isinstance(error, bool):
                     raise bad(f"{param}.is_error: must be a boolean.", f"{param}.is_error", "invalid_type")
-                out.append({"role": "tool", "tool_call_id": _string(block.get("tool_use_id"), f"{param}.tool_use_id",
-                                                                    empty=False),
-                            "content": f"Error: {result}" if error else result})  # fmt: skip
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": _string(block.get("tool_use_id"), f"{param}.tool_use_id", empty=False),
+                        "content": f"Error: {result}" if error else result,
+                    }
+                )
             elif kind == "tool_use" and role == "assistant":
                 _cache_control(block, param)
                 arguments = block.get("input")
@@ -171,8 +186,11 @@ def chat_messages(messages) -> list[dict]:
         elif texts:
             out.append({"role": "user", "content": "".join(texts)})
     if messages[-1].get("role") != "user":
-        raise bad("messages: the last message must be the user's: continuing an assistant turn (prefill) is not "
-                  "supported.", f"messages.{len(messages) - 1}.role", "unsupported")  # fmt: skip
+        raise bad(
+            "messages: the last message must be the user's: continuing an assistant turn (prefill) is not supported.",
+            f"messages.{len(messages) - 1}.role",
+            "unsupported",
+        )
     return out
 
 
@@ -187,20 +205,31 @@ def _tools(tools, forced: bool) -> list[dict] | None:
         if not isinstance(tool, dict):
             raise bad(f"{where}: must be an object.", where, "invalid_type")
         if tool.get("type") not in (None, "custom"):
-            raise bad(f"{where}.type: {json.dumps(tool.get('type'))} is not supported: only custom tools (name, "
-                      "input_schema) are; server and client tools such as web search, bash or the text editor are "
-                      "not built.", f"{where}.type", "unsupported")  # fmt: skip
+            raise bad(
+                f"{where}.type: {json.dumps(tool.get('type'))} is not supported: only custom tools (name, "
+                "input_schema) are; server and client tools such as web search, bash or the text editor are "
+                "not built.",
+                f"{where}.type",
+                "unsupported",
+            )
         _cache_control(tool, where)
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
-            raise bad(f"{where}.input_schema: must be a JSON schema object.", f"{where}.input_schema",
-                      "missing" if schema is None else "invalid_type")  # fmt: skip
+            raise bad(
+                f"{where}.input_schema: must be a JSON schema object.",
+                f"{where}.input_schema",
+                "missing" if schema is None else "invalid_type",
+            )
         strict = tool.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise bad(f"{where}.strict: must be a boolean.", f"{where}.strict", "invalid_type")
         if strict and not forced:
-            raise bad(f"{where}.strict: true is enforced only when the call is forced (tool_choice any or tool); "
-                      "with auto the input is parsed, not constrained.", f"{where}.strict", "unsupported")  # fmt: skip
+            raise bad(
+                f"{where}.strict: true is enforced only when the call is forced (tool_choice any or tool); "
+                "with auto the input is parsed, not constrained.",
+                f"{where}.strict",
+                "unsupported",
+            )
         unknown = sorted(set(tool) - {"type", "name", "description", "input_schema", "cache_control", "strict"})
         if unknown:
             raise bad(f"{where}.{unknown[0]}: is not supported.", f"{where}.{unknown[0]}", "unknown_parameter")
@@ -222,9 +251,12 @@ def _tool_choice(value) -> str | dict:
     if single is not None and not isinstance(single, bool):
         raise bad("tool_choice.disable_parallel_tool_use: must be a boolean.", "tool_choice.disable_parallel_tool_use")
     if single and kind == "auto":  # any/tool already answer with exactly one call (the grammar's)
-        raise bad("tool_choice.disable_parallel_tool_use: true is supported with 'any' or 'tool' only: with 'auto' "
-                  "the model may call several tools in one answer.", "tool_choice.disable_parallel_tool_use",
-                  "unsupported")  # fmt: skip
+        raise bad(
+            "tool_choice.disable_parallel_tool_use: true is supported with 'any' or 'tool' only: with 'auto' "
+            "the model may call several tools in one answer.",
+            "tool_choice.disable_parallel_tool_use",
+            "unsupported",
+        )
     if kind == "tool":
         return {"type": "function", "function": {"name": _string(value.get("name"), "tool_choice.name", empty=False)}}
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
@@ -240,8 +272,11 @@ def _output_format(value) -> dict | None:
     if unknown:
         raise bad(f"output_config.{unknown[0]}: is not supported.", f"output_config.{unknown[0]}", "unknown_parameter")
     if value.get("effort") is not None:
-        raise bad("output_config.effort: is not supported: no reasoning model is served.", "output_config.effort",
-                  "unsupported")  # fmt: skip
+        raise bad(
+            "output_config.effort: is not supported: no reasoning model is served.",
+            "output_config.effort",
+            "unsupported",
+        )
     fmt = value.get("format")
     if fmt is None:
         return None
@@ -274,14 +309,19 @@ def _settings(body: dict) -> None:
 # parse_chat's names as this API's (unquoted, as its messages name parameters; a chat tool's
 # `function` is a Messages tool's own fields, its `parameters` the `input_schema`).
 NAMES = Names(
-    renames=(("response_format.json_schema.schema", "output_config.format.schema"),
-             ("response_format", "output_config.format"), ("stop", "stop_sequences")),
+    renames=(
+        ("response_format.json_schema.schema", "output_config.format.schema"),
+        ("response_format", "output_config.format"),
+        ("stop", "stop_sequences"),
+    ),
     nested="",
-    tools=((re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools.\1.input_schema"),
-           (re.compile(r"\btools\[(\d+)\]\.function\.(\w+)"), r"tools.\1.\2"),
-           (re.compile(r"\btools\[(\d+)\]"), r"tools.\1")),
+    tools=(
+        (re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools.\1.input_schema"),
+        (re.compile(r"\btools\[(\d+)\]\.function\.(\w+)"), r"tools.\1.\2"),
+        (re.compile(r"\btools\[(\d+)\]"), r"tools.\1"),
+    ),
     quoted=False,
-)  # fmt: skip
+)
 
 
 def parse_messages(body: dict) -> MessagesRequest:
@@ -290,8 +330,11 @@ def parse_messages(body: dict) -> MessagesRequest:
     _settings(body)
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= INT32_MAX:
-        raise bad(f"max_tokens: {'Field required' if max_tokens is None else 'must be an integer >= 1'}.",
-                  "max_tokens", "missing" if max_tokens is None else "invalid_value")  # fmt: skip
+        raise bad(
+            f"max_tokens: {'Field required' if max_tokens is None else 'must be an integer >= 1'}.",
+            "max_tokens",
+            "missing" if max_tokens is None else "invalid_value",
+        )
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad("stream: must be a boolean.", "stream", "invalid_type")

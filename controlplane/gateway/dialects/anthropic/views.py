@@ -60,8 +60,12 @@ def stop_reason(event: DeltaEvent, tool_use: bool) -> tuple[str, str | None]:
 
 def usage(n: TokenCounts) -> dict:
     """input_tokens counts what was not read from the cache, as Anthropic's does."""
-    return {"input_tokens": n.prompt - n.cached, "output_tokens": n.completion, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": n.cached}  # fmt: skip
+    return {
+        "input_tokens": n.prompt - n.cached,
+        "output_tokens": n.completion,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": n.cached,
+    }
 
 
 class MessageBuilder:
@@ -82,8 +86,12 @@ class MessageBuilder:
                 "type": "text",
                 "text": f"{OPEN}{json.dumps({'name': item.name, 'arguments': item.arguments})}{CLOSE}",
             }
-        return {"type": "tool_use", "id": "toolu_" + item.id.removeprefix("call_"), "name": item.name,
-                "input": arguments}  # fmt: skip
+        return {
+            "type": "tool_use",
+            "id": "toolu_" + item.id.removeprefix("call_"),
+            "name": item.name,
+            "input": arguments,
+        }
 
     def message(self, last: DeltaEvent | None) -> dict:
         content = [self._block(item) for item in self.items.items] if last is not None else []
@@ -161,6 +169,9 @@ async def count_tokens(request):
     deployment = await generation.resolve_deployment(parsed.model, caller)
     ids = await asyncio.to_thread(tokenization.prompt_ids, deployment, parsed.req)
     if ids is None:  # a hub model, or a directory this web process does not see
-        raise GatewayError(501, f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
-                           "tokenizer (the replicas tokenise its requests).")  # fmt: skip
+        raise GatewayError(
+            501,
+            f"Tokens cannot be counted for '{parsed.model}': the gateway cannot read its "
+            "tokenizer (the replicas tokenise its requests).",
+        )
     return JsonResponse({"input_tokens": len(ids)})

@@ -118,8 +118,11 @@ def _response_format(value) -> dict | None:
         raise bad(f"'{name}.type' must be 'text', 'json_object' or 'json_schema', got {show(kind)}.", f"{name}.type")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
-        raise bad(f"'{name}.json_schema' must be an object with 'name' and 'schema'.", f"{name}.json_schema", "missing"
-                  if spec is None else "invalid_type")  # fmt: skip
+        raise bad(
+            f"'{name}.json_schema' must be an object with 'name' and 'schema'.",
+            f"{name}.json_schema",
+            "missing" if spec is None else "invalid_type",
+        )
     if not isinstance(spec.get("name"), str) or not spec["name"]:
         raise bad(f"'{name}.json_schema.name' must be a non-empty string.", f"{name}.json_schema.name", "missing")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
@@ -173,8 +176,11 @@ def _tools(tools) -> list[dict] | None:
         name = f"tools[{i}].function.name"
         if first is None:
             raise bad(f"{ref(name)} must be a non-empty string.", name)
-        raise bad(f"{ref(name)} must be unique: {show(tools[i]['function']['name'])} is also the name of "
-                  f"{bare(f'tools[{first}]')}.", name)  # fmt: skip
+        raise bad(
+            f"{ref(name)} must be unique: {show(tools[i]['function']['name'])} is also the name of "
+            f"{bare(f'tools[{first}]')}.",
+            name,
+        )
     for i, tool in enumerate(tools):
         parameters, param = tool["function"].get("parameters"), f"tools[{i}].function.parameters"
         if parameters is None:
@@ -231,8 +237,11 @@ def parse_chat(body: dict) -> GenerationRequest:
     req = _common(body, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad(f"{ref('messages')} must be a non-empty list.", "messages",
-                  "missing" if messages is None else "invalid_type")  # fmt: skip
+        raise bad(
+            f"{ref('messages')} must be a non-empty list.",
+            "messages",
+            "missing" if messages is None else "invalid_type",
+        )
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):

@@ -70,8 +70,13 @@ def _envelope(req: GenerationRequest, gen: generation.Generation, obj: str, choi
 
 
 def _model_object(d) -> dict:
-    return {"id": d.slug, "object": "model", "created": int(d.created_at.timestamp()), "owned_by": "switchyard",
-            "root": d.model.name}  # fmt: skip
+    return {
+        "id": d.slug,
+        "object": "model",
+        "created": int(d.created_at.timestamp()),
+        "owned_by": "switchyard",
+        "root": d.model.name,
+    }
 
 
 @api_view(("GET",))
@@ -209,8 +214,12 @@ async def _completion_stream(req, gen):
         i = event.index
         lp = _completion_logprobs(event.logprobs or [], offsets[i]) if req.logprobs else None
         offsets[i] += len(event.text)
-        choice = {"index": i, "text": event.text, "logprobs": lp,
-                  "finish_reason": finish_reason(event.finish_reason, False)}  # fmt: skip
+        choice = {
+            "index": i,
+            "text": event.text,
+            "logprobs": lp,
+            "finish_reason": finish_reason(event.finish_reason, False),
+        }
         body = _envelope(req, gen, "text_completion", [choice])
         if req.include_usage:
             body["usage"] = None

@@ -34,9 +34,12 @@ UNSUPPORTED = {
     "reasoning": ((), "'reasoning' is not supported yet: no reasoning model is served."),
     "top_logprobs": ((0,), "'top_logprobs' is not supported yet on /v1/responses."),
     "truncation": (("disabled",), "'truncation': \"auto\" is not supported: an input over the context is a 400."),
-    "prompt_cache_retention": (("in_memory",), "'prompt_cache_retention' other than \"in_memory\" is not "
-                               "supported: cached prefixes live in the replicas' KV cache and its tiers."),
-}  # fmt: skip
+    "prompt_cache_retention": (
+        ("in_memory",),
+        "'prompt_cache_retention' other than \"in_memory\" is not "
+        "supported: cached prefixes live in the replicas' KV cache and its tiers.",
+    ),
+}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 MAX_ID = 64
 
@@ -71,11 +74,15 @@ class ResponsesRequest:
 # parse_chat's parameter names, as this API calls them (a chat tool's `function` is a Responses
 # tool's own fields).
 NAMES = Names(
-    renames=(("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-             ("max_tokens", "max_output_tokens"), ("messages", "input"),
-             ("tool_choice.function.name", "tool_choice.name")),
+    renames=(
+        ("response_format.json_schema.schema", "text.format.schema"),
+        ("response_format", "text.format"),
+        ("max_tokens", "max_output_tokens"),
+        ("messages", "input"),
+        ("tool_choice.function.name", "tool_choice.name"),
+    ),
     tools=((re.compile(r"\btools\[(\d+)\]\.function\."), r"tools[\1]."),),
-)  # fmt: skip
+)
 
 
 def _string(value, param: str, *, empty: bool = True) -> str:
@@ -117,8 +124,11 @@ def input_messages(value) -> list[dict]:
             raise bad("'input' must not be empty.", "input")
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise bad("'input' must be a non-empty string or a non-empty list of input items.", "input",
-                  "missing" if value is None else "invalid_type")  # fmt: skip
+        raise bad(
+            "'input' must be a non-empty string or a non-empty list of input items.",
+            "input",
+            "missing" if value is None else "invalid_type",
+        )
     out: list[dict] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
@@ -153,8 +163,12 @@ def input_messages(value) -> list[dict]:
                 {"role": "tool", "tool_call_id": _call_id(item.get("call_id"), f"{where}.call_id"), "content": text}
             )
         else:
-            raise bad(f"'{where}.type' {json.dumps(kind)} is not supported: input items are messages, function_call "
-                      "and function_call_output.", f"{where}.type", "unsupported")  # fmt: skip
+            raise bad(
+                f"'{where}.type' {json.dumps(kind)} is not supported: input items are messages, function_call "
+                "and function_call_output.",
+                f"{where}.type",
+                "unsupported",
+            )
     return out
 
 
@@ -170,9 +184,12 @@ def _tools(value, tool_choice) -> tuple[list[dict], list[dict]]:
         where = f"tools[{i}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise bad(f"'{where}': only function tools are supported, not {json.dumps(kind)} (built-in tools such as "
-                      "web search, file search or code interpreter are not built).", f"{where}.type",
-                      "unsupported")  # fmt: skip
+            raise bad(
+                f"'{where}': only function tools are supported, not {json.dumps(kind)} (built-in tools such as "
+                "web search, file search or code interpreter are not built).",
+                f"{where}.type",
+                "unsupported",
+            )
         name = _string(tool.get("name"), f"{where}.name", empty=False)
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
@@ -181,9 +198,13 @@ def _tools(value, tool_choice) -> tuple[list[dict], list[dict]]:
         if strict is not None and not isinstance(strict, bool):
             raise bad(f"'{where}.strict' must be a boolean.", f"{where}.strict", "invalid_type")
         if strict and not forced and tool_choice != "none":
-            raise bad(f"'{where}.strict': true is enforced only when the call is forced: send tool_choice "
-                      "\"required\" or a named function, or strict: false (with \"auto\" the arguments are parsed, "
-                      "not constrained).", f"{where}.strict", "unsupported")  # fmt: skip
+            raise bad(
+                f"'{where}.strict': true is enforced only when the call is forced: send tool_choice "
+                '"required" or a named function, or strict: false (with "auto" the arguments are parsed, '
+                "not constrained).",
+                f"{where}.strict",
+                "unsupported",
+            )
         description = tool.get("description")
         if description is not None:
             _string(description, f"{where}.description")
@@ -205,8 +226,12 @@ def _tool_choice(value) -> tuple[str | dict, str | dict]:
         return value, {"type": "function", "function": {"name": name}}
     kind = value.get("type") if isinstance(value, dict) else None
     if kind is not None:
-        raise bad(f"'tool_choice' of type {json.dumps(kind)} is not supported: use \"auto\", \"none\", \"required\" "
-                  'or {"type": "function", "name": ...}.', "tool_choice.type", "unsupported")  # fmt: skip
+        raise bad(
+            f'\'tool_choice\' of type {json.dumps(kind)} is not supported: use "auto", "none", "required" '
+            'or {"type": "function", "name": ...}.',
+            "tool_choice.type",
+            "unsupported",
+        )
     raise bad('\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "name": ...}.', "tool_choice")
 
 
@@ -261,8 +286,11 @@ def parse_responses(body: dict) -> ResponsesRequest:
         if not isinstance(options, dict) or set(options) - {"include_obfuscation"}:
             raise bad("'stream_options' may only hold 'include_obfuscation'.", "stream_options")
         if options.get("include_obfuscation"):
-            raise bad("'stream_options.include_obfuscation': true is not supported: stream events carry no padding.",
-                      "stream_options.include_obfuscation", "unsupported")  # fmt: skip
+            raise bad(
+                "'stream_options.include_obfuscation': true is not supported: stream events carry no padding.",
+                "stream_options.include_obfuscation",
+                "unsupported",
+            )
     max_output = body.get("max_output_tokens")
     if max_output is not None and (
         not isinstance(max_output, int) or isinstance(max_output, bool) or not 1 <= max_output <= INT32_MAX

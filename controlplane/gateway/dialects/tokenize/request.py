@@ -44,9 +44,13 @@ def parse_tokenize(body: dict) -> TokenizeRequest:
     checks.refuse_unknown(body, TOKENIZE_PARAMS, NOT_BUILT)
     has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
     if has_prompt == has_messages:
-        raise bad("Send either 'prompt' (a text) or 'messages' (a chat), not both." if has_prompt
-                  else "'prompt' or 'messages' is required.", "messages" if has_prompt else "prompt",
-                  "invalid_value" if has_prompt else "missing")  # fmt: skip
+        raise bad(
+            "Send either 'prompt' (a text) or 'messages' (a chat), not both."
+            if has_prompt
+            else "'prompt' or 'messages' is required.",
+            "messages" if has_prompt else "prompt",
+            "invalid_value" if has_prompt else "missing",
+        )
     req = TokenizeRequest(model=model, return_token_strs=_flag(body, "return_token_strs", False))
     if has_prompt:
         for name in ("tools", "add_generation_prompt"):
@@ -70,6 +74,9 @@ def parse_detokenize(body: dict) -> tuple[str, list[int]]:
     checks.refuse_unknown(body, DETOKENIZE_PARAMS, NOT_BUILT)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise bad("'tokens' must be a list of token ids (integers).", "tokens",
-                  "missing" if tokens is None else "invalid_type")  # fmt: skip
+        raise bad(
+            "'tokens' must be a list of token ids (integers).",
+            "tokens",
+            "missing" if tokens is None else "invalid_type",
+        )
     return model, tokens

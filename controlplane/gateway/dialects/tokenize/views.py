@@ -30,8 +30,12 @@ log = logging.getLogger(__name__)
 def _text(deployment: Deployment) -> tokenization.ModelText:
     text = tokenization.model_text(deployment.model)
     if text is None:  # a hub model, or a directory this web process does not see
-        raise GatewayError(501, f"The model '{deployment.slug}' cannot be tokenised here: the gateway cannot read "
-                           "its tokenizer (the replicas tokenise its requests).", "model")  # fmt: skip
+        raise GatewayError(
+            501,
+            f"The model '{deployment.slug}' cannot be tokenised here: the gateway cannot read "
+            "its tokenizer (the replicas tokenise its requests).",
+            "model",
+        )
     return text
 
 
