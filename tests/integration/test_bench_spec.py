@@ -51,11 +51,14 @@ def test_quick_spec_bench_reports_every_run_with_outputs_identical_to_no_specula
             assert run["ceiling"] is None or 0 < run["ceiling"] < 4 * 4, run
     # At batch 1 every sequence drafts k in the always-drafting engine, so each ceiling is measured.
     assert all(r["ceiling"] is not None for r in runs if r["batch"] == 1), runs
-    # Batch 1 always speculates (the batch is under disable_by_batch_size); at batch 8 a method
-    # may draft nothing, and then has no acceptance length.
+    # ngram and eagle3 always speculate at batch 1 (under disable_by_batch_size); at batch 8 a
+    # method may draft nothing, and then has no acceptance length. So may `auto` anywhere: it
+    # drafts where its measured step times say it pays, which on a machine shared with other
+    # tests can be nowhere in a quick run (its choice is tested in test_speculation_cost_model).
     for method in METHODS[1:]:
         lengths = [r["acceptance_length"] for r in runs if r["method"] == method and r["batch"] == 1]
-        assert any(length is not None for length in lengths), (method, runs)
+        if method != "auto":
+            assert any(length is not None for length in lengths), (method, runs)
         assert all(length is None or 1 <= length <= 4 for length in lengths), (method, lengths)  # k = 3
     if HAS_DRAFT:  # a trained head guesses some tokens right on the corpus it was trained for
         eagle = [r["acceptance_length"] for r in runs if r["method"] == "eagle3" and r["batch"] == 1]
