@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from tests.engine.test_disaggregation import handoff
+from tests.engine.test_parallel_parity import generate_tight
 from tests.engine.test_parity import MAX_TOKENS, PROMPTS, reference
 from workers.engine import LLM, RequestError, SamplingParams
 from workers.engine.config import EngineConfig, ModelConfig, rope_from
@@ -263,19 +264,7 @@ def test_parallel_groups_match_transformers(checkpoint_factory, arch, tp, pp):
     each rank holds exactly its share of the weights (its experts, its heads)."""
     model_dir = checkpoint_factory(arch)
     refs = [reference(model_dir, p) for p in PROMPTS]
-    with LLM(
-        str(model_dir),
-        dtype="float32",
-        block_size=4,
-        num_kv_blocks=20,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-    ) as llm:
-        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)
-        assert llm.engine.scheduler.num_preemptions > 0
-        again = llm.generate({"prompt_token_ids": PROMPTS[2]}, GREEDY)[0]
-        memory = llm.engine.rank_memory()
-        layout = llm.engine.kv_layout()
+    first, again, memory, layout = generate_tight(model_dir, tp, pp, GREEDY)
     assert again.num_cached_tokens >= 40
     for out, (tokens, logprobs) in zip(first, refs, strict=True):
         assert_matches(out.outputs[0], tokens, logprobs)

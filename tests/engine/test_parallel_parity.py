@@ -30,6 +30,24 @@ def assert_matches(model_dir, prompt, comp):
     assert max(abs(a - b) for a, b in zip(mine, ref_logprobs, strict=True)) < 1e-3
 
 
+def generate_tight(model_dir, tp: int, pp: int, params: SamplingParams):
+    """PROMPTS on a tp x pp group whose 20 blocks of 4 tokens cannot hold the three sequences at
+    once (someone is preempted, asserted), then PROMPTS[2] again (a prefix hit): the first
+    outputs, the second, and the group's rank memory and KV layout."""
+    with LLM(
+        str(model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=20,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+    ) as llm:
+        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+        assert llm.engine.scheduler.num_preemptions > 0
+        again = llm.generate({"prompt_token_ids": PROMPTS[2]}, params)[0]
+        return first, again, llm.engine.rank_memory(), llm.engine.kv_layout()
+
+
 @pytest.mark.parametrize(
     ("arch", "overrides", "tp", "pp"),
     [
@@ -44,23 +62,10 @@ def assert_matches(model_dir, prompt, comp):
 def test_parallel_group_matches_transformers(checkpoint_factory, arch, overrides, tp, pp):
     model_dir = checkpoint_factory(arch, **overrides)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)
-    # 20 blocks of 4 tokens cannot hold the three sequences at once: someone is preempted.
-    with LLM(
-        str(model_dir),
-        dtype="float32",
-        block_size=4,
-        num_kv_blocks=20,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-    ) as llm:
-        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-        assert llm.engine.scheduler.num_preemptions > 0
-        again = llm.generate({"prompt_token_ids": PROMPTS[2]}, params)[0]
-        assert again.num_cached_tokens >= 40  # the prompt's full blocks, from the prefix cache
-        memory = llm.engine.rank_memory()
-        # Each rank holds a shard of the cache: the layout a peer sees is rank 0's, placed in the
-        # group, so a decode group of another shape cannot pair with it (kvtransfer/ranks.py).
-        layout = llm.engine.kv_layout()
+    first, again, memory, layout = generate_tight(model_dir, tp, pp, params)
+    assert again.num_cached_tokens >= 40  # the prompt's full blocks, from the prefix cache
+    # Each rank holds a shard of the cache: the layout a peer sees is rank 0's, placed in the
+    # group, so a decode group of another shape cannot pair with it (kvtransfer/ranks.py).
     for prompt, out in zip(PROMPTS, first, strict=True):
         assert_matches(model_dir, prompt, out.outputs[0])
     assert_matches(model_dir, PROMPTS[2], again.outputs[0])
