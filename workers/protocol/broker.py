@@ -50,24 +50,27 @@ def _restore_unacked(self, client=None):
     return _original_restore_unacked(self, client)
 
 
+def _settled_here_only(qos, delivery_tag) -> bool:
+    """On a released channel: forget the message in this channel's own books and leave it in
+    Redis for the visibility timeout (True); otherwise False, for kombu to settle it."""
+    if not _released(qos):
+        return False
+    log.warning(
+        "broker connection already released: message %s stays in Redis for the visibility timeout to restore",
+        delivery_tag,
+    )
+    virtual.QoS.ack(qos, delivery_tag)
+    return True
+
+
 def _ack(self, delivery_tag):
-    if _released(self):
-        log.warning(
-            "broker connection already released: message %s is not acknowledged; it stays in Redis "
-            "for the visibility timeout to restore",
-            delivery_tag,
-        )
-        virtual.QoS.ack(self, delivery_tag)  # this channel's own books
-        return
-    _original_ack(self, delivery_tag)
+    if not _settled_here_only(self, delivery_tag):
+        _original_ack(self, delivery_tag)
 
 
 def _reject(self, delivery_tag, requeue=False):
-    if _released(self):
-        log.warning("broker connection already released: message %s is left to the visibility timeout", delivery_tag)
-        virtual.QoS.ack(self, delivery_tag)
-        return
-    _original_reject(self, delivery_tag, requeue)
+    if not _settled_here_only(self, delivery_tag):
+        _original_reject(self, delivery_tag, requeue)
 
 
 def survive_broker_loss_with_tasks_in_flight() -> None:
