@@ -25,7 +25,7 @@ def build_spec(replica: Replica) -> ReplicaSpec:
     return ReplicaSpec(
         replica_id=replica.pk,
         deployment=deployment.slug,
-        model=deployment.model.source,
+        model_dir=deployment.model.source,
         model_name=deployment.model.name,
         role=replica.role,
         device=device,
@@ -43,7 +43,7 @@ def build_spec(replica: Replica) -> ReplicaSpec:
         pipeline_parallel=deployment.pipeline_parallel,
         engine=deployment.engine,
         sim_profile=profile_fields(deployment),
-        extra={"cuda_devices": [d.index for d in devices if d.kind == "cuda"]},
+        cuda_devices=[d.index for d in devices if d.kind == "cuda"],
     )
 
 

@@ -70,8 +70,8 @@ def test_the_reconciler_sends_a_self_contained_spec(node, model_dir, broker, dja
     [(task, spec)] = sent(broker)
     r = Replica.objects.get()
     assert task == START_REPLICA
-    assert spec["replica_id"] == r.pk and spec["model"] == str(model_dir) and spec["deployment"] == "demo"
-    assert spec["max_num_seqs"] == 8 and spec["device"] == "cuda" and spec["extra"]["cuda_devices"] == [0]
+    assert spec["replica_id"] == r.pk and spec["model_dir"] == str(model_dir) and spec["deployment"] == "demo"
+    assert spec["max_num_seqs"] == 8 and spec["device"] == "cuda" and spec["cuda_devices"] == [0]
 
 
 def test_events_move_the_replica_and_a_late_one_is_ignored(replica):

@@ -76,7 +76,7 @@ def deploy(node, replicas: int, capture) -> list[Replica]:
 
 def run(sup: Supervisor, client, r: Replica) -> str:
     """Start `r`'s process, wait until it reports ready; its incarnation."""
-    sup.start(ReplicaSpec(replica_id=r.pk, deployment="pair", model="/nowhere", model_name="m"))
+    sup.start(ReplicaSpec(replica_id=r.pk, deployment="pair", model_dir="/nowhere", model_name="m"))
     wait_for(lambda: sup.replicas[r.pk].ready, 20, f"replica {r.pk} to be ready")
     incarnation = f"incarnation-{r.pk}"
     client.hset(status_key(r.pk), "incarnation", incarnation)
@@ -159,7 +159,7 @@ def test_a_crash_is_an_event_with_its_exit_code_and_log_tail(
     [r] = deploy(node, 1, django_capture_on_commit_callbacks)
     sup, events = supervisor(tmp_path, client, crash_after=0.5)
     try:
-        sup.start(ReplicaSpec(replica_id=r.pk, deployment="pair", model="/nowhere", model_name="m"))
+        sup.start(ReplicaSpec(replica_id=r.pk, deployment="pair", model_dir="/nowhere", model_name="m"))
         failed = wait_for(lambda: next((e for e in events if e.kind == "failed"), None), 20, "the replica to exit")
     finally:
         sup.shutdown()

@@ -12,7 +12,7 @@ from workers.replica.server import ReplicaServer
 def test_a_generate_received_twice_is_admitted_once(llama_dir):
     llm = LLM(str(llama_dir), device="cpu", dtype="float32", block_size=4, max_model_len=64, num_kv_blocks=64)
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    spec = ReplicaSpec(replica_id=9321, deployment="dup", model=str(llama_dir), model_name="tiny", redis_url=url)
+    spec = ReplicaSpec(replica_id=9321, deployment="dup", model_dir=str(llama_dir), model_name="tiny", redis_url=url)
     server = ReplicaServer(spec, llm.engine)
     message = {
         "type": "generate",

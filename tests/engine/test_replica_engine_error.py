@@ -20,7 +20,7 @@ def run(llama_dir, requests: dict[str, dict]) -> tuple[ReplicaServer, dict[str, 
     request's events in order."""
     llm = LLM(str(llama_dir), device="cpu", dtype="float32", block_size=4, max_model_len=64, num_kv_blocks=64)
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    spec = ReplicaSpec(replica_id=9331, deployment="fault", model=str(llama_dir), model_name="tiny", redis_url=url)
+    spec = ReplicaSpec(replica_id=9331, deployment="fault", model_dir=str(llama_dir), model_name="tiny", redis_url=url)
     server = ReplicaServer(spec, llm.engine)
     for rid, fields in requests.items():
         server._admit({"type": "generate", "id": rid, "reply_to": f"switchyard:test:{rid}", **fields})

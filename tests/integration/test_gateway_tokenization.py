@@ -134,7 +134,7 @@ def replicas(qwen_dir, tmp_path_factory):
     try:
         for rid, (directory, max_len) in models.items():
             client.delete(protocol.status_key(rid), protocol.requests_key(rid))
-            spec = ReplicaSpec(replica_id=rid, deployment="tokens", model=str(directory), model_name="m",
+            spec = ReplicaSpec(replica_id=rid, deployment="tokens", model_dir=str(directory), model_name="m",
                                dtype="float32", block_size=16, threads=1, redis_url=settings.REDIS_URL,
                                kv_cache_bytes=16 << 20, max_model_len=max_len)  # fmt: skip
             started.append(start_replica(spec, state))

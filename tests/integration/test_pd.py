@@ -37,7 +37,7 @@ def replicas(model_dir, tmp_path_factory):
 
     def start(rid: int, role: str, block_size: int = 4) -> None:
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
-        spec = ReplicaSpec(replica_id=rid, deployment="pd", model=str(model_dir), model_name="tiny", role=role,
+        spec = ReplicaSpec(replica_id=rid, deployment="pd", model_dir=str(model_dir), model_name="tiny", role=role,
                            dtype="float32", block_size=block_size, threads=1, redis_url=settings.REDIS_URL,
                            kv_transfer_timeout=TIMEOUT, kv_cache_bytes=16 << 20,
                            local_prefill_tokens=0)  # fmt: skip

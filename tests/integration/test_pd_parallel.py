@@ -34,7 +34,7 @@ def replicas(model_dir, tmp_path_factory):
 
     def start(rid: int, role: str, tp: int, pp: int = 1) -> None:
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
-        spec = ReplicaSpec(replica_id=rid, deployment="pd-tp", model=str(model_dir), model_name="tiny", role=role,
+        spec = ReplicaSpec(replica_id=rid, deployment="pd-tp", model_dir=str(model_dir), model_name="tiny", role=role,
                            dtype="float32", block_size=4, threads=1, redis_url=settings.REDIS_URL,
                            kv_transfer_timeout=10.0, kv_cache_bytes=8 << 20, local_prefill_tokens=0,
                            tensor_parallel=tp, pipeline_parallel=pp)  # fmt: skip

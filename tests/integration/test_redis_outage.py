@@ -51,7 +51,7 @@ def test_replica_survives_a_redis_outage_and_serves_when_it_returns(model_dir, t
     server = RedisServer()
     server.start()
     client = redis.Redis(port=server.port, decode_responses=True)
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="outage", model=str(model_dir), model_name="tiny",
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="outage", model_dir=str(model_dir), model_name="tiny",
                        dtype="float32", block_size=4, threads=1, redis_url=server.url,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, tmp_path)

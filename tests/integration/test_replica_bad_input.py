@@ -51,13 +51,13 @@ def replica(request, model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("bad-input")
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     client.delete(protocol.status_key(REPLICA), protocol.requests_key(REPLICA))
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="bad-input", model=str(model_dir), model_name="tiny",
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="bad-input", model_dir=str(model_dir), model_name="tiny",
                        engine=request.param, dtype="float32", block_size=4, threads=1, redis_url=settings.REDIS_URL,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, state)
     try:
         wait_for(lambda: client.hget(protocol.status_key(REPLICA), "state") == "ready", 90, "the replica")
-        yield {"redis": client, "process": process, "log": state / f"replica-{REPLICA}.log"}
+        yield {"redis": client, "process": process, "log": state / f"replica-{REPLICA}.log", "engine": request.param}
     finally:
         process.kill()
         process.wait()
@@ -111,3 +111,13 @@ def test_a_burst_of_bad_requests_hurts_no_other_request(replica):
             assert internal not in error["message"], error
     assert replica["process"].poll() is None  # alive, and still ready
     assert client.hget(protocol.status_key(REPLICA), "state") == "ready"
+
+
+def test_a_ready_replica_loads_structured_output_before_any_grammar_asks_for_it(replica):
+    """Loaded on the first grammar request instead, xgrammar's import held the replica's loop for
+    seconds on a loaded machine: its heartbeat went stale and the gateway ended its streams."""
+    ready = "structured output ready"
+    if replica["engine"] == "sim":  # no grammars to prepare
+        assert ready not in replica["log"].read_text()
+        return
+    wait_for(lambda: ready in replica["log"].read_text(), 60, "structured output to be prepared")

@@ -41,7 +41,7 @@ def supervisor(tmp_path):
 
 
 def ready(sup: Supervisor, client: redis.Redis) -> int:
-    sup.start(ReplicaSpec(replica_id=REPLICA, deployment="kv-test", model="/nowhere", model_name="m"))
+    sup.start(ReplicaSpec(replica_id=REPLICA, deployment="kv-test", model_dir="/nowhere", model_name="m"))
     wait_for(lambda: sup.replicas[REPLICA].ready, 20, "the replica to be ready")
     client.sadd(kv_index_key(REPLICA), "1", "2")  # what the replica published
     return sup.replicas[REPLICA].process.pid

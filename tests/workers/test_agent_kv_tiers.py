@@ -23,7 +23,7 @@ def test_the_agent_fills_in_its_address_protocol_and_store_share_for_the_store_o
     monkeypatch.setenv("KV_STORE_SEGMENT_BYTES", str(1 << 30))
     monkeypatch.setenv("KV_STORE_DEVICE", "mlx5_0")
     sup = Supervisor(AgentConfig.from_env("gpu-2"), redis.Redis.from_url(settings.REDIS_URL), lambda event: None)
-    spec = ReplicaSpec(replica_id=7, deployment="d", model="/m", model_name="m")
+    spec = ReplicaSpec(replica_id=7, deployment="d", model_dir="/m", model_name="m")
     shared = KVTiersSpec(
         dram_bytes=1 << 30, disk_path="/var/cache/kv", disk_bytes=8 << 30, store_master=MASTER, min_prefix_tokens=128
     )

@@ -154,12 +154,27 @@ def test_status_hash_round_trip_and_version():
 
 
 def test_replica_spec_round_trip_and_version():
-    spec = ReplicaSpec(replica_id=3, deployment="d", model="/m", model_name="m", role="decode", extra={"x": 1})
+    spec = ReplicaSpec(replica_id=3, deployment="d", model_dir="/m", model_name="m", role="decode", cuda_devices=[2, 3])
     assert ReplicaSpec.from_json(spec.to_json()) == spec
     data = json.loads(spec.to_json())
     assert ReplicaSpec.from_json(json.dumps({**data, "future": True})) == spec
-    with pytest.raises(ProtocolError, match="ReplicaSpec version 2 is newer"):
-        ReplicaSpec.from_json(json.dumps({**data, "version": 2}))
+    with pytest.raises(ProtocolError, match="ReplicaSpec version 3 is newer"):
+        ReplicaSpec.from_json(json.dumps({**data, "version": 3}))
+    with pytest.raises(ProtocolError, match="version must be an integer"):
+        ReplicaSpec.from_json(json.dumps({**data, "version": "2"}))
+
+
+def test_a_version_1_replica_spec_is_read_with_its_old_names():
+    """An agent restarted onto a newer release adopts replicas from the spec files the old one
+    wrote: `model` was the model directory and `extra` carried the CUDA devices."""
+    old = {"replica_id": 3, "deployment": "d", "model": "/m", "model_name": "m", "extra": {"cuda_devices": [1]},
+           "version": 1}  # fmt: skip
+    spec = ReplicaSpec.from_wire(old)
+    assert (spec.model_dir, spec.model_name, spec.cuda_devices, spec.version) == ("/m", "m", [1], 2)
+    assert ReplicaSpec.from_wire({**old, "extra": {}}).cuda_devices == []
+    # A version 2 sender's `model` is not the directory: without `model_dir` the spec is refused.
+    with pytest.raises(ProtocolError, match="model_dir"):
+        ReplicaSpec.from_wire({**old, "version": 2})
     # A nested message is read back as its class (Wire's from_wire reads fields typed as one).
     drafting = ReplicaSpec(3, "d", "/m", "m", speculative=SpeculativeSpec("eagle3", 3, "/heads/h"))
     back = ReplicaSpec.from_json(drafting.to_json())

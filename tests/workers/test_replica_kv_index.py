@@ -34,7 +34,7 @@ def replica(request, model_dir, tmp_path_factory):
     server.start()
     client = redis.Redis(port=server.port, decode_responses=True)
     client.sadd(kv_index_key(REPLICA), "123")  # left by an earlier incarnation
-    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", model=str(model_dir), model_name="tiny",
+    spec = ReplicaSpec(replica_id=REPLICA, deployment="kv-index", model_dir=str(model_dir), model_name="tiny",
                        engine=request.param, dtype="float32", block_size=BLOCK, threads=1, redis_url=server.url,
                        kv_cache_bytes=16 << 20)  # fmt: skip
     process, log = start_replica(spec, state)

@@ -28,7 +28,7 @@ def replicas(tmp_path_factory):
     started = []
     for rid, speculative in ((NGRAM, SpeculativeSpec("ngram", 3)), (PLAIN, None), (AUTO, SpeculativeSpec("auto", 3))):
         client.delete(protocol.status_key(rid), protocol.requests_key(rid))
-        spec = ReplicaSpec(replica_id=rid, deployment="spec", model=str(MODEL_DIR), model_name="demo",
+        spec = ReplicaSpec(replica_id=rid, deployment="spec", model_dir=str(MODEL_DIR), model_name="demo",
                            dtype="float32", threads=1, redis_url=settings.REDIS_URL, kv_cache_bytes=16 << 20,
                            speculative=speculative)  # fmt: skip
         started.append(start_replica(spec, state))

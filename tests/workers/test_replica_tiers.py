@@ -35,7 +35,7 @@ GREEDY = {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True}
 
 
 def spec(replica_id: int, tiers: KVTiersSpec) -> ReplicaSpec:
-    return ReplicaSpec(replica_id=replica_id, deployment="tiers", model=str(MODEL_DIR), model_name="demo",
+    return ReplicaSpec(replica_id=replica_id, deployment="tiers", model_dir=str(MODEL_DIR), model_name="demo",
                        dtype="float32", threads=1, redis_url=settings.REDIS_URL, kv_cache_bytes=KV_BYTES,
                        kv_tiers=tiers)  # fmt: skip
 

@@ -322,9 +322,8 @@ class Supervisor:
             "REDIS_URL": self.config.redis_url,
             "PYTHONUNBUFFERED": "1",
         }
-        cuda = m.spec.extra.get("cuda_devices") or []
-        if cuda:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cuda))
+        if m.spec.cuda_devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, m.spec.cuda_devices))
         self.redis.delete(status_key(m.replica_id))
         with m.log_path.open("ab") as logf:
             stamp = datetime.now(UTC).isoformat()

@@ -69,7 +69,7 @@ class Platform:
         )
         info = json.loads(out.stdout.strip().splitlines()[-1])
         self.replica_id, self.api_key = info["replica_id"], info["api_key"]
-        spec = ReplicaSpec(replica_id=self.replica_id, deployment="bench", model=model, model_name="bench",
+        spec = ReplicaSpec(replica_id=self.replica_id, deployment="bench", model_dir=model, model_name="bench",
                            max_num_seqs=max_num_seqs, threads=threads, redis_url=self.redis_url)  # fmt: skip
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -91,7 +91,7 @@ class Setup:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         for rid, role, core in roles:
             self.redis.delete(protocol.status_key(rid), protocol.requests_key(rid))
-            spec = ReplicaSpec(replica_id=rid, deployment="bench-pd", model=model, model_name="bench-pd", role=role,
+            spec = ReplicaSpec(replica_id=rid, deployment="bench-pd", model_dir=model, model_name="bench-pd", role=role,
                                dtype="float32", threads=1, redis_url=redis_url, kv_cache_bytes=256 << 20,
                                max_num_seqs=64, kv_transfer_timeout=5.0,
                                local_prefill_tokens=local_prefill_tokens,

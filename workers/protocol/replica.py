@@ -37,6 +37,9 @@ from typing import Any, ClassVar, TypedDict
 from workers.protocol.wire import ProtocolError, Wire, check_version, expect_object, from_wire
 
 VERSION = 1
+# ReplicaSpec's own: 2 renamed `model` to `model_dir` and `extra` to `cuda_devices`, so an agent
+# that reads version 1 would start a replica without its model (it refuses version 2 instead).
+REPLICA_SPEC_VERSION = 2
 # A replica whose heartbeat is older than this is not sent new requests, and the streams of
 # its requests in flight end with an error.
 HEARTBEAT_INTERVAL = 0.5
@@ -741,8 +744,8 @@ class ReplicaSpec(Wire):
 
     replica_id: int
     deployment: str
-    model: str  # model directory
-    model_name: str
+    model_dir: str  # where the checkpoint is on this node (a Hugging Face directory)
+    model_name: str  # the name clients ask for
     role: str = "colocated"
     device: str = "cpu"
     dtype: str = "auto"
@@ -772,8 +775,9 @@ class ReplicaSpec(Wire):
     # fields, workers/sim/profile.py); "real": the model.
     engine: str = "real"
     sim_profile: dict | None = None
-    extra: dict = field(default_factory=dict)
-    version: int = VERSION
+    # The CUDA devices this replica owns, by index (CUDA_VISIBLE_DEVICES); empty on CPU.
+    cuda_devices: list[int] = field(default_factory=list)
+    version: int = REPLICA_SPEC_VERSION
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), indent=2)
@@ -781,3 +785,18 @@ class ReplicaSpec(Wire):
     @classmethod
     def from_json(cls, text: str) -> ReplicaSpec:
         return cls.from_wire(json.loads(text))
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ReplicaSpec:
+        """Version 1 (an agent's spec files from before the rename, which it reads back to adopt
+        the replicas still running after a restart) named the model directory `model` and
+        carried the CUDA devices in `extra`: read as version 2."""
+        check_version(cls, expect_object(cls, data))
+        if data.get("version", REPLICA_SPEC_VERSION) < 2:
+            old = dict(data)
+            old.setdefault("model_dir", old.pop("model", None))
+            extra = old.pop("extra", None)
+            if isinstance(extra, dict) and "cuda_devices" in extra:
+                old.setdefault("cuda_devices", extra["cuda_devices"])
+            data = {**old, "version": REPLICA_SPEC_VERSION}
+        return from_wire(cls, data)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         report_progress(client, spec.replica_id, stage, fraction)
 
     config = EngineConfig(
-        model=spec.model,
+        model=spec.model_dir,
         device=spec.device,
         dtype=spec.dtype,
         block_size=spec.block_size,
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = LLMEngine(config, progress=progress)
     except (ModelLoadError, RequestError, OSError, ValueError) as exc:
-        log.error("cannot load %s: %s", spec.model, exc)
+        log.error("cannot load %s: %s", spec.model_dir, exc)
         return 2
     try:  # and then let go of the KV tiers' threads and store connection, however it ends
         return serve(spec, engine, client, log)
@@ -106,15 +106,15 @@ def serve_simulated(spec: ReplicaSpec, profile_name: str | None, log: logging.Lo
         else:
             profile = load_profile(DEFAULT_PROFILE)
         engine = SimEngine(SimConfig(
-            model=spec.model, profile=profile, block_size=spec.block_size,
+            model=spec.model_dir, profile=profile, block_size=spec.block_size,
             enable_prefix_caching=spec.enable_prefix_caching, max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
             kv_cache_bytes=spec.kv_cache_bytes, fair_share=spec.fair_share,
         ))  # fmt: skip
     except (ProfileError, RequestError, OSError, ValueError) as exc:
-        log.error("cannot simulate %s: %s", spec.model, exc)
+        log.error("cannot simulate %s: %s", spec.model_dir, exc)
         return 2
-    log.info("simulating %s (profile: %s)", spec.model, profile.source or profile_name or "from the spec")
+    log.info("simulating %s (profile: %s)", spec.model_dir, profile.source or profile_name or "from the spec")
     return serve(spec, engine, redis.Redis.from_url(spec.redis_url, decode_responses=True), log)
 
 

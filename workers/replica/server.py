@@ -115,7 +115,10 @@ class ReplicaServer:
         self.redis.delete(self.kv_key)
         threading.Thread(target=self._intake_loop, name="intake", daemon=True).start()
         self._heartbeat("ready", force=True)
-        log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model)
+        grammars = getattr(self.engine, "grammars", None)  # a simulated engine has none
+        if grammars is not None:
+            threading.Thread(target=self._warm_grammars, args=(grammars,), name="grammar-warmup", daemon=True).start()
+        log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model_dir)
         while not (self.draining and not self.inflight and not self._writing()):
             if self.intake_error is not None:  # a bug, not Redis: exit, the supervisor restarts us
                 raise RuntimeError("the intake thread failed") from self.intake_error
@@ -467,6 +470,13 @@ class ReplicaServer:
         self._pending.append((channel, event))
 
     # -- reporting ----------------------------------------------------------------------------
+    @staticmethod
+    def _warm_grammars(grammars) -> None:
+        try:
+            log.info("structured output ready (xgrammar loaded in %.1f s)", grammars.warm())
+        except Exception:  # the first grammar request meets the same failure and reports it
+            log.exception("could not prepare structured output")
+
     def _heartbeat(self, state: str, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_beat < protocol.HEARTBEAT_INTERVAL:
