@@ -1,5 +1,7 @@
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +96,20 @@ def test_engine_stats_report_load_and_prefix_hits(llama_dir):
     assert stats["generated_tokens"] == 6
     assert stats["running"] == stats["waiting"] == 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
+def test_building_a_model_skips_its_random_initialisation(checkpoint_factory, arch):
+    """Models are built on the meta device and filled from the checkpoint. An op that computes
+    there (nn.Embedding's normal_, a rotary table) runs torch's Python reference, whose first call
+    imports torch._dynamo: 1.5 s of CPU at every replica's and every rank's start, for nothing."""
+    script = f"""
+import sys
+from workers.engine import LLM, SamplingParams
+llm = LLM({str(checkpoint_factory(arch))!r}, dtype="float32")
+[out] = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))
+print(len(out.outputs[0].token_ids), "torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["3", "False"], done.stdout

@@ -44,6 +44,7 @@ STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
         "test_a_rank_refuses_a_checkpoint_missing_part_of_its_share",
     ),
     "engine/test_feature_matrix.py": ("test_feature_pair[tp=2]",),
+    "engine/test_loader.py": ("test_building_a_model_skips_its_random_initialisation",),
     "engine/test_parallel_group.py": (
         "test_a_rank_killed_mid_generation_fails_the_request_quickly",
         "test_killing_rank_0_leaves_no_rank_behind",

@@ -58,9 +58,7 @@ class MLAttention(nn.Module):
         # Checkpoints lay rope dimensions out in (even, odd) pairs; this order makes them the
         # halves the rotary kernel turns (the same dot products, since q and k both move).
         self.interleaved = mla.rope_interleave
-        self.register_buffer(
-            "rope_order", torch.cat((torch.arange(0, self.rope, 2), torch.arange(1, self.rope, 2))), persistent=False
-        )
+        self.register_buffer("rope_order", torch.empty(0, dtype=torch.long), persistent=False)  # materialize
         self.cache: torch.Tensor | None = None  # [blocks, block_size, C + R], bound by the runner
         self.w_uk: torch.Tensor | None = None  # [heads, nope, C]  (prepare())
         self.w_uv_t: torch.Tensor | None = None  # [heads, C, v]

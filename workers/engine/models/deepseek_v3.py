@@ -23,6 +23,7 @@ from workers.engine import kernels
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata
+from workers.engine.layers.embedding import Embedding
 from workers.engine.layers.mla import MLAttention
 from workers.engine.layers.moe import ExpertLinears, Experts, MoE
 from workers.engine.layers.norm import RMSNorm
@@ -112,7 +113,7 @@ class DecoderLayer(nn.Module):
 class DeepseekV3Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Layers whose outputs an EAGLE-3 head reads (aux_states.py).
@@ -140,7 +141,7 @@ class DeepseekV3ForCausalLM(AuxStates, nn.Module):
         self.lm_head = make_linear(cfg.quantization, "lm_head", cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("cos_sin", self._table(), persistent=False)
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)  # built by materialize
 
     def _table(self) -> torch.Tensor:
         cfg = self.config

@@ -18,6 +18,7 @@ from workers.engine import kernels
 from workers.engine.config import ModelConfig
 from workers.engine.errors import ModelLoadError
 from workers.engine.layers.attention import AttentionMetadata, PagedAttention
+from workers.engine.layers.embedding import Embedding
 from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
@@ -93,7 +94,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, f"model.layers.{i}") for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Layers whose outputs an EAGLE-3 head reads (aux_states.py).
@@ -125,9 +126,7 @@ class LlamaForCausalLM(AuxStates, nn.Module):
             self.lm_head = make_linear(cfg.quantization, "lm_head", cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer(
-            "cos_sin", cos_sin_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope), persistent=False
-        )
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)  # built by materialize
 
     def materialize(self, device: torch.device) -> LlamaForCausalLM:
         """Give a model built on the meta device real (uninitialised) storage on `device`;
