@@ -269,8 +269,9 @@ def test_a_grammar_that_cannot_be_compiled_is_a_request_error_naming_the_paramet
 
 
 def test_an_engine_loads_xgrammar_only_for_its_first_grammar():
-    """xgrammar loads transformers (0.8 s of CPU): an engine starts without it (a replica loads it
-    on a thread once it is ready); the first grammar loads it and is followed."""
+    """xgrammar loads transformers (0.8 s of CPU): an engine starts without it, and a replica
+    whose requests ask for no grammar, most of them, never loads it; the first grammar loads it
+    (a replica's on its intake thread) and is followed."""
     script = f"""
 import sys
 from workers.engine import LLM, SamplingParams

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,7 +108,7 @@ class Grammars:
         self.cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
         self.cache_size = cache_size
         self.compiles = 0  # how many specs were compiled (the rest were cache hits)
-        self._lock = threading.Lock()  # the replica compiles on its main loop; LLM users may not
+        self._lock = threading.Lock()  # a replica compiles on its intake thread, then on its loop
 
     @property
     def compiler(self) -> xgrammar.GrammarCompiler:
@@ -118,15 +117,6 @@ class Grammars:
                 info = tokenizer_info(self.model_dir, self.vocab_size, self.stop_token_ids)
                 self._compiler = _xgr().GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
-
-    def warm(self) -> float:
-        """Import xgrammar and read the vocabulary now. A replica calls it on a thread once it is
-        ready: done on its loop by the first grammar request, the import (about a second of CPU,
-        several on a loaded machine) made that pass late enough for the gateway to take the
-        replica for dead and end the streams in flight. Returns the seconds it took."""
-        started = time.perf_counter()
-        self.compiler  # noqa: B018 (the property builds it)
-        return time.perf_counter() - started
 
     def compile(self, spec: dict) -> xgrammar.CompiledGrammar:
         spec = check_spec(spec)

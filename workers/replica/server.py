@@ -15,6 +15,7 @@ Every role keeps one (a prefill replica's cache is as real as a colocated one's)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -113,11 +114,8 @@ class ReplicaServer:
         # What an earlier incarnation published went with its memory. The engine's pending KV
         # events hold all it has cached so far, so the first flush fills the set from here.
         self.redis.delete(self.kv_key)
-        threading.Thread(target=self._intake_loop, name="intake", daemon=True).start()
+        self._start_intake()
         self._heartbeat("ready", force=True)
-        grammars = getattr(self.engine, "grammars", None)  # a simulated engine has none
-        if grammars is not None:
-            threading.Thread(target=self._warm_grammars, args=(grammars,), name="grammar-warmup", daemon=True).start()
         log.info("replica %s ready: %s", self.spec.replica_id, self.spec.model_dir)
         while not (self.draining and not self.inflight and not self._writing()):
             if self.intake_error is not None:  # a bug, not Redis: exit, the supervisor restarts us
@@ -145,6 +143,11 @@ class ReplicaServer:
         self.draining = True
 
     # -- intake -------------------------------------------------------------------------------
+    def _start_intake(self) -> threading.Thread:
+        thread = threading.Thread(target=self._intake_loop, name="intake", daemon=True)
+        thread.start()
+        return thread
+
     def _intake_loop(self) -> None:
         """Read the request stream for as long as the replica runs. Redis going away is waited
         out (with backoff): the replica keeps its loaded model and reads on where it stopped
@@ -178,9 +181,24 @@ class ReplicaServer:
                     except (KeyError, ValueError):
                         message = None
                     if isinstance(message, dict):  # each kind is read (from_wire) where it is handled
+                        self._compile_grammar(message)
                         self.incoming.put(message)
                     else:
                         log.warning("dropping malformed stream entry %s", entry_id)
+
+    def _compile_grammar(self, message: dict) -> None:
+        """Compile a request's grammar here, on the intake thread, so that the main loop finds it
+        compiled. The first grammar imports xgrammar (a second of CPU, several on a loaded
+        machine) and a large schema can take as long: done on the loop, that pass left the
+        heartbeat late enough for the gateway to take the replica for dead and end its streams.
+        A grammar that does not compile is left to the loop, which answers it with its 400."""
+        grammars = getattr(self.engine, "grammars", None)  # a simulated engine has none
+        params = message.get("params")
+        spec = params.get("grammar") if isinstance(params, dict) else None
+        if grammars is None or message.get("type") != "generate" or not isinstance(spec, dict):
+            return
+        with contextlib.suppress(Exception):  # compiled again on the loop, which reports the problem
+            grammars.compile(spec)
 
     def _writing(self) -> bool:
         """A prefill replica with KV writes in flight: it must not exit or sleep long."""
@@ -470,13 +488,6 @@ class ReplicaServer:
         self._pending.append((channel, event))
 
     # -- reporting ----------------------------------------------------------------------------
-    @staticmethod
-    def _warm_grammars(grammars) -> None:
-        try:
-            log.info("structured output ready (xgrammar loaded in %.1f s)", grammars.warm())
-        except Exception:  # the first grammar request meets the same failure and reports it
-            log.exception("could not prepare structured output")
-
     def _heartbeat(self, state: str, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_beat < protocol.HEARTBEAT_INTERVAL:
