@@ -101,15 +101,16 @@ def test_engine_stats_report_load_and_prefix_hits(llama_dir):
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
 def test_building_a_model_skips_its_random_initialisation(checkpoint_factory, arch):
     """Models are built on the meta device and filled from the checkpoint. An op that computes
-    there (nn.Embedding's normal_, a rotary table) runs torch's Python reference, whose first call
-    imports torch._dynamo: 1.5 s of CPU at every replica's and every rank's start, for nothing."""
+    there (nn.Embedding's normal_, a rotary table, to_empty's empty_like) runs torch's Python
+    reference, whose first call imports torch._dynamo or sympy: up to 2 s of CPU at every
+    replica's and every rank's start, for nothing (workers/engine/meta_device.py)."""
     script = f"""
 import sys
 from workers.engine import LLM, SamplingParams
 llm = LLM({str(checkpoint_factory(arch))!r}, dtype="float32")
 [out] = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))
-print(len(out.outputs[0].token_ids), "torch._dynamo" in sys.modules)
+print(len(out.outputs[0].token_ids), "torch._dynamo" in sys.modules, "sympy" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["3", "False"], done.stdout
+    assert done.stdout.split() == ["3", "False", "False"], done.stdout

@@ -29,6 +29,7 @@ from workers.engine.layers.moe import ExpertLinears, Experts, MoE
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.meta_device import empty_on
 from workers.engine.models.aux_states import AuxStates, run_layers
 from workers.protocol.quantization import QuantConfig
 
@@ -149,7 +150,7 @@ class DeepseekV3ForCausalLM(AuxStates, nn.Module):
 
     def materialize(self, device: torch.device) -> DeepseekV3ForCausalLM:
         """Real storage on `device` for a model built on the meta device; buffers are rebuilt."""
-        model = self.to_empty(device=device)
+        model = empty_on(self, device)
         if self.config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.cos_sin = self._table().to(device)

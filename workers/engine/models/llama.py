@@ -23,6 +23,7 @@ from workers.engine.layers.linear import Linear
 from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import make_linear, prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
+from workers.engine.meta_device import empty_on
 from workers.engine.models.aux_states import AuxStates, run_layers
 
 
@@ -131,7 +132,7 @@ class LlamaForCausalLM(AuxStates, nn.Module):
     def materialize(self, device: torch.device) -> LlamaForCausalLM:
         """Give a model built on the meta device real (uninitialised) storage on `device`;
         `to_empty` unties shared weights and leaves buffers empty, so redo both."""
-        model = self.to_empty(device=device)
+        model = empty_on(self, device)
         if self.config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         cfg = self.config

@@ -22,6 +22,7 @@ from workers.engine.layers.norm import RMSNorm
 from workers.engine.layers.quantized import prepare_linears, quantized_tensor_layout
 from workers.engine.layers.rotary import cos_sin_table
 from workers.engine.loader import read_tensor
+from workers.engine.meta_device import empty_on
 from workers.engine.models.aux_states import check_aux_layers, run_layers
 from workers.engine.models.llama import DecoderLayer
 from workers.engine.parallel.group import RankGroup
@@ -124,7 +125,7 @@ class ShardedStage(nn.Module):
         return self.config.head_dim
 
     def materialize(self, device: torch.device) -> ShardedStage:
-        model = self.to_empty(device=device)
+        model = empty_on(self, device)
         model._tie()
         cfg = self.config
         model.cos_sin = cos_sin_table(self.rope_dim(), cfg.max_position_embeddings, cfg.rope).to(device)
