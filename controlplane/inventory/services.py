@@ -7,7 +7,7 @@ from django.utils import timezone
 from controlplane.events.broadcast import publish
 from controlplane.events.services import record_event
 from controlplane.inventory.models import Device, Node
-from controlplane.inventory.signals import node_went_silent
+from controlplane.inventory.signals import node_came_online, node_went_silent
 from workers.protocol.control import node_queue
 
 
@@ -69,6 +69,7 @@ def register_node(*, name: str, hostname: str = "", labels: dict | None = None, 
         "node.registered" if created else "node.online", node, actor_label=f"agent:{name}", data={"devices": len(seen)}
     )
     publish("node", {"name": node.name, "status": node.status})
+    node_came_online.send(sender=Node, node=node)
     return node
 
 

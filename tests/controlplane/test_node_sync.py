@@ -254,3 +254,20 @@ def test_a_replica_turning_ready_or_ending_asks_for_a_reconcile_at_once(
     assert reconciles(lambda: apply_replica_event(event(replica, "stopped"))) == 1
     other = Replica.objects.create(deployment=replica.deployment, node=node)
     assert reconciles(lambda: apply_replica_event(event(other, "failed", error="x"))) == 1
+
+
+def test_a_node_coming_online_asks_for_a_reconcile_at_once(node, broker, django_capture_on_commit_callbacks):
+    """Replicas waiting for a node (`make run` creates the demo deployment before its agent is
+    up) are placed when the node registers or comes back, not at the next periodic pass; a
+    heartbeat of a node already online asks for none."""
+    devices = [{"index": 0, "kind": "cpu", "name": "cpu"}]
+
+    def reconciles(report: NodeReport) -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            apply_node_report(report)
+        return [t for t, _ in sent(broker, "control")].count("deployments.reconcile")
+
+    assert reconciles(NodeReport(node="node-new", devices=devices)) == 1  # registered
+    assert reconciles(NodeReport(node="node-new", devices=devices)) == 0  # a heartbeat
+    apply_node_report(NodeReport(node="node-new", leaving=True))
+    assert reconciles(NodeReport(node="node-new", devices=devices)) == 1  # back online
