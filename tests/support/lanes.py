@@ -59,6 +59,7 @@ STARTS_PROCESSES: dict[str, tuple[str, ...]] = {
     "kvtiers/test_master.py": ("*",),
     "kvtiers/test_store_tier.py": ("*",),
     "support/test_services.py": ("test_a_second_run_gets_other_servers_and_leaves_nothing_behind",),
+    "workers/test_agent_devices.py": ("test_discovering_devices_does_not_import_torch",),
     "workers/test_agent_kv_index.py": ("*",),  # a supervisor's fake replicas
     "workers/test_broker_guard.py": ("*",),
     "workers/test_layering.py": (

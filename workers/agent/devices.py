@@ -1,14 +1,26 @@
-"""Discover this machine's accelerators: CUDA devices through torch when present, otherwise
-one `cpu` device whose memory is the configured budget."""
+"""Discover this machine's accelerators: CUDA devices as `nvidia-smi` lists them when it is
+installed, otherwise `cpu_devices` `cpu` devices whose memory is the configured budget.
+
+`nvidia-smi`, not torch: importing torch took the agent 2 s of CPU at every start, and asking
+torch for a device's free memory made a CUDA context on every GPU, held by the agent for its
+life (hundreds of MiB of each GPU that replicas then lacked). The replicas are started with
+CUDA_DEVICE_ORDER=PCI_BUS_ID, the order nvidia-smi numbers devices in (supervisor.py).
+"""
 
 from __future__ import annotations
 
 import logging
 import platform
+import shutil
+import subprocess
 
 import psutil
 
 log = logging.getLogger(__name__)
+
+NVIDIA_SMI_QUERY = "index,name,memory.total,memory.used,utilization.gpu"
+NVIDIA_SMI_TIMEOUT = 10.0
+MIB = 1 << 20
 
 
 def discover(cpu_memory_bytes: int, cpu_devices: int = 1) -> list[dict]:
@@ -30,32 +42,46 @@ def discover(cpu_memory_bytes: int, cpu_devices: int = 1) -> list[dict]:
 
 
 def _cuda_devices() -> list[dict]:
-    try:
-        import torch
-    except ImportError:
+    """The CUDA devices nvidia-smi lists ([] without it, or when it fails: said in the log)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
         return []
-    if not torch.cuda.is_available():
+    try:
+        done = subprocess.run(
+            [smi, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("nvidia-smi did not answer (%s): no CUDA devices reported", exc)
+        return []
+    if done.returncode != 0:
+        log.warning("nvidia-smi failed (exit %s): %s", done.returncode, done.stderr.strip()[:200])
         return []
     out = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        free, total = torch.cuda.mem_get_info(i)
-        try:
-            util = float(torch.cuda.utilization(i))
-        except Exception:  # NVML missing: utilisation unknown, device still usable
-            util = 0.0
+    for line in done.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5 or not fields[0].isdigit():
+            continue
+        index, name, total, used, util = fields
         out.append(
             {
-                "index": i,
+                "index": int(index),
                 "kind": "cuda",
-                "name": props.name,
-                "memory_total": total,
-                "memory_used": total - free,
-                "utilization": util,
+                "name": name,
+                "memory_total": _number(total) * MIB,
+                "memory_used": _number(used) * MIB,
+                "utilization": float(_number(util)),  # "[N/A]" where NVML cannot say: 0
                 "health": "healthy",
             }
         )
     return out
+
+
+def _number(text: str) -> int:
+    try:
+        return int(float(text))
+    except ValueError:
+        return 0
 
 
 def stats(devices: list[dict]) -> list[dict]:

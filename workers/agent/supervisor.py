@@ -322,7 +322,8 @@ class Supervisor:
             "REDIS_URL": self.config.redis_url,
             "PYTHONUNBUFFERED": "1",
         }
-        if m.spec.cuda_devices:
+        if m.spec.cuda_devices:  # numbered as nvidia-smi numbers them (devices.py)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, m.spec.cuda_devices))
         self.redis.delete(status_key(m.replica_id))
         with m.log_path.open("ab") as logf:
