@@ -78,10 +78,10 @@ def main(argv=None) -> int:
         help="comma-separated, of none (the baseline), ngram, eagle3, ngram-measured, eagle3-measured, auto",
     )
     sp.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="drafts per step")
-    sp.add_argument("--rounds", type=int, help="rounds of every method (default 7, --quick 2)")
+    sp.add_argument("--rounds", type=int, help="rounds of every method (default 7, --quick 1)")
     sp.add_argument("--threads", type=int, default=1, help="torch threads, the same for every engine")
     sp.add_argument("--seed", type=int, default=1405, help="the workloads' corpus seed (the model trained on 0)")
-    sp.add_argument("--quick", action="store_true", help="few prompts, two rounds (for smoke runs)")
+    sp.add_argument("--quick", action="store_true", help="few prompts, one warm-up pass and one round (for smoke runs)")
     sp.add_argument(
         "--no-stack", dest="stack", action="store_false", help="leave out the make run stack run (JSON stack: null)"
     )

@@ -317,7 +317,8 @@ def run(args) -> int:
         )
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     torch.set_num_threads(args.threads)
-    rounds = args.rounds or (2 if args.quick else 7)
+    rounds = args.rounds or (1 if args.quick else 7)
+    warmup_passes = 1 if args.quick else WARMUP_PASSES
     n = {1: 4, 8: 8, 32: 32} if args.quick else {1: 24, 8: 64, 32: 64}
 
     chats, dropped = build_workloads(max(n.values()), args.seed)
@@ -343,11 +344,12 @@ def run(args) -> int:
         f"chat (seed {args.seed}; {dropped} drawn chats dropped as prompts the demo model trained on)"
     )
 
-    # Warm-up: every engine through every (workload, batch) twice, untimed (a measured choice
-    # judges a batch size by a few dozen of its steps); the second pass of the engines that always
-    # draft is kept for the ceiling only (their steps in which every sequence verified k guesses).
+    # Warm-up: every engine through every (workload, batch) twice (once with --quick), untimed (a
+    # measured choice judges a batch size by a few dozen of its steps); the last pass of the engines
+    # that always draft is kept for the ceiling only (their steps in which every sequence verified k
+    # guesses).
     warm: dict[tuple[str, int, str], Pass] = {}
-    for _ in range(WARMUP_PASSES):
+    for _ in range(warmup_passes):
         for w in WORKLOADS:
             for batch in BATCHES:
                 for method in engines:
