@@ -1,7 +1,8 @@
 """The node agent finds CUDA devices with nvidia-smi, never torch (2 s of every agent's start,
-and a CUDA context it would hold on every GPU). This machine has no GPU, so where a test needs
-one it puts a stand-in `nvidia-smi` first on PATH that prints what the real one prints for
-`--query-gpu=... --format=csv,noheader,nounits`: the only way to cause that answer here."""
+and a CUDA context it would hold on every GPU). This machine has no GPU and a CPU build of torch,
+so where a test needs GPUs it puts a stand-in `nvidia-smi` first on PATH that prints what the
+real one prints for `--query-gpu=... --format=csv,noheader,nounits`, and says torch is a CUDA
+build: the only way to cause that answer here."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def test_without_nvidia_smi_the_node_reports_its_cpu_devices(monkeypatch, tmp_pa
 def test_nvidia_smis_gpus_are_the_nodes_devices(monkeypatch, tmp_path):
     folder = stand_in(tmp_path, f"printf '{H100}'")
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(devices, "torch_has_cuda", lambda: True)
     found = devices.discover(cpu_memory_bytes=8 << 30)
     assert [(d["index"], d["kind"], d["name"]) for d in found] == [(0, "cuda", "NVIDIA H100 80GB HBM3"),
                                                                     (1, "cuda", "NVIDIA H100 80GB HBM3")]  # fmt: skip
@@ -46,9 +48,18 @@ def test_nvidia_smis_gpus_are_the_nodes_devices(monkeypatch, tmp_path):
 def test_a_failing_nvidia_smi_leaves_the_cpu_devices(monkeypatch, tmp_path, body, caplog):
     folder = stand_in(tmp_path, body)
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(devices, "torch_has_cuda", lambda: True)
     assert [d["kind"] for d in devices.discover(cpu_memory_bytes=1 << 30)] == ["cpu"]
     if "exit 9" in body:
         assert "nvidia-smi failed (exit 9): NVIDIA-SMI has failed" in caplog.text
+
+
+def test_gpus_a_cpu_build_of_torch_cannot_use_are_not_offered(monkeypatch, tmp_path):
+    """This venv's torch is the CPU build (torch/version.py: `cuda = None`), read without importing it."""
+    assert devices.torch_has_cuda() is False
+    folder = stand_in(tmp_path, f"printf '{H100}'")
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    assert [d["kind"] for d in devices.discover(cpu_memory_bytes=1 << 30)] == ["cpu"]
 
 
 def test_discovering_devices_does_not_import_torch():

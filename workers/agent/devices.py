@@ -9,10 +9,13 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID, the order nvidia-smi numbers devices in (superviso
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import platform
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import psutil
 
@@ -41,10 +44,26 @@ def discover(cpu_memory_bytes: int, cpu_devices: int = 1) -> list[dict]:
     ]
 
 
+def torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build, read from torch/version.py without importing
+    torch. A host with an NVIDIA driver but a CPU build of torch (this repository's own venv)
+    must report CPU devices: its replicas could not use the GPUs. Unreadable: trust nvidia-smi."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return True
+    found = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
+    return found is None or found.group(1).strip() != "None"
+
+
 def _cuda_devices() -> list[dict]:
-    """The CUDA devices nvidia-smi lists ([] without it, or when it fails: said in the log)."""
+    """The CUDA devices nvidia-smi lists ([] without it, when it fails (said in the log), or when
+    torch here is a CPU build)."""
     smi = shutil.which("nvidia-smi")
-    if smi is None:
+    if smi is None or not torch_has_cuda():
         return []
     try:
         done = subprocess.run(
