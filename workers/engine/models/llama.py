@@ -131,7 +131,7 @@ class LlamaForCausalLM(AuxStates, nn.Module):
 
     def materialize(self, device: torch.device) -> LlamaForCausalLM:
         """Give a model built on the meta device real (uninitialised) storage on `device`;
-        `to_empty` unties shared weights and leaves buffers empty, so redo both."""
+        `empty_on` (like `to_empty`) unties shared weights and leaves buffers empty, so redo both."""
         model = empty_on(self, device)
         if self.config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
